@@ -1,0 +1,127 @@
+// Package flowctl is the flow control of rsock's RDMA data path: the credit and
+// ring-cursor protocol that keeps a sender from writing over bytes its peer has not read
+// and from sending a message its peer has no receive WQE for. It is logic only, with no
+// I/O, goroutines, verbs or clocks: the stream engine in rsock calls an [Endpoint] under
+// its connection lock, and the model tests call two of them over a simulated connection.
+//
+// # The data path
+//
+// Each side registers a receive ring and pre-posts receive WQEs, and tells the peer how
+// many of each in the connection hello ([Params]). To send, a side writes the next bytes
+// of its stream into the peer's ring with RDMA_WRITE_WITH_IMM, at its producer cursor
+// modulo the ring size; a write that crosses the ring's end goes as two messages. Every
+// message, data or not, consumes one receive WQE at the peer and produces one receive
+// completion there, whose byte length is the payload length and whose 32-bit immediate
+// ([Imm]) tells the kind of message and carries credit back. Zero-length messages carry
+// credit updates, the FIN and keepalives.
+//
+// The hardware checks neither of the two things that can go wrong. A write into ring
+// space whose bytes the application has not read overwrites them silently; a message
+// that finds no receive WQE posted is RNR, which stalls the queue pair for milliseconds
+// or breaks it. So a sender spends two kinds of credit, and sends only while it has both:
+//
+//   - Ring bytes. Cursors are 64-bit byte counts that only grow; positions are cursors
+//     modulo the ring size, a power of two. The sender keeps its producer cursor and the
+//     consumer cursor the receiver last returned, and writes only below that consumer
+//     cursor plus the ring size. The receiver keeps what has arrived, what the
+//     application has consumed and what it has returned.
+//   - Receive WQEs. The sender counts the messages it has sent against the WQEs the peer
+//     pre-posted plus every WQE credit returned since.
+//
+// # Returning credit
+//
+// The receiving engine re-posts a WQE for every completion it reaps, whether or not the
+// application reads, so WQE credit never waits for Read. Ring credit is the bytes the
+// application has consumed. Both ride back in the immediate of every message going the
+// other way, data or not: up to [MaxImmWQECredits] WQEs and [MaxImmRingCredits] ring
+// units (one byte for rings up to 512 KiB; see [RingUnit]). What does not fit stays owed
+// and goes with the next message, so no credit is ever lost. When no traffic flows the
+// other way, a side sends a standalone credit update, a zero-length message, once it owes
+// half its WQEs (at most 511) or half its ring.
+//
+// The peer need not announce that it is blocked. A sender out of ring space is owed a
+// whole ring once the application has read, and a sender out of data credit is owed at
+// least half the WQEs; either crosses a threshold, so the update goes out without being
+// asked for.
+//
+// # Why it cannot deadlock
+//
+// Credit updates need WQE credit too, so two sides that have both spent all their
+// credit could each wait forever for the other's update. Two rules prevent it:
+//
+//  1. Data never takes the peer's last [ReservedCredits] WQE credits. Credit updates and
+//     the FIN may.
+//  2. The very last WQE credit goes only to a message that returns WQE credit.
+//
+// Suppose the connection is stuck: nothing in flight, both applications willing to
+// read everything that arrives, and some side wanting to send. With nothing in flight,
+// a side's WQE credit is its peer's WQE count minus what the peer owes it. A side
+// blocked on ring space is owed a whole ring, and a side blocked on data credit holds at
+// most the reserve, so its peer owes it at least half its WQEs: either way the peer has
+// an update due. A side that cannot send a due update or FIN has no credit at all, or
+// exactly one and nothing to return; in the second case its peer owes it all but one
+// WQE, and holds all of its own credit, and sends. So being stuck means both sides have
+// no credit. But look at the last message sent before: if it left its sender a credit,
+// that side has one; if it took its sender's last credit, rule 2 made it carry WQE credit
+// to the other side, which has sent nothing since and so has a credit. Neither can be.
+// (A reserve of two also suffices without rule 2, by a longer argument; rule 2 makes the
+// short one hold and costs at most a wait for credit that is already on its way.)
+//
+// Updates cannot answer each other forever either. A side sends a standalone update
+// for new consumption, or once it owes at least two WQEs (half of at least
+// [MinRecvWQEs]), and then it returns at least as many as made it due; each update
+// costs the peer only one WQE. So every update the peer sends back needs at least two
+// from this side, and an exchange of updates with no data behind it dies out.
+//
+// The model tests check all of this by search: every interleaving of writes, reads and
+// completions in small configurations, and long random runs in larger ones, with the
+// invariants (no overwrite, no RNR, no credit created or lost, every byte delivered once
+// and in order, no deadlock, no livelock) checked after every step. Without the reserve,
+// or with a threshold past the bound the argument needs, they find the deadlock or
+// livelock that follows. For a steady one-way stream the receiver sends one update per
+// min(W/2, 511) messages or per half ring of bytes, whichever comes first; the sender
+// sends none, because its data carries the credit back.
+//
+// # A misbehaving peer
+//
+// Nothing the peer sends is trusted. [Endpoint.OnArrival] rejects an immediate that does
+// not decode or does not match its byte length ([ErrMalformed]), data beyond the ring
+// space granted ([ErrRingOverrun]), more messages than WQEs granted ([ErrWQEOverrun]),
+// credit for bytes or messages never sent ([ErrCreditOverflow]) and data or a second FIN
+// after the FIN ([ErrAfterFIN]). The error is sticky; the engine closes the connection.
+//
+// # Usage
+//
+// The engine creates one [Endpoint] per connection with [NewEndpoint], and calls it with
+// its connection mutex held. Every message the Endpoint hands out must be posted, in the
+// order handed out, before any later one; so the engine checks that its send queue has
+// room for two work requests before asking for a message.
+//
+// On Write(p): call [Endpoint.ReserveData] with as much of p as the staging buffer takes
+// (a quarter of the peer's ring or less keeps the pipe full and the updates few). Copy
+// the first Bytes of p to staging and post Msgs[0] and then Msgs[1], each as an
+// RDMA_WRITE_WITH_IMM of Len bytes to the peer's ring base plus Off, with immediate Imm.
+// Continue with the rest of p. When nothing is reserved (Count 0), wait for an arrival
+// that reports Credited, then try again. A zero-length p reserves nothing and sends
+// nothing.
+//
+// On a successful receive completion: re-post a receive WQE first, then pass the
+// completion's byte length and immediate to [Endpoint.OnArrival]. An error is a
+// protocol violation: close the connection with it. Wake readers on data or FIN, and
+// writers when Credited.
+//
+// On Read(p): [Endpoint.Unread] names the buffered bytes in the ring, in up to two
+// pieces; copy out up to len(p) and [Endpoint.Consume] that many. When nothing is
+// buffered, return io.EOF if [Endpoint.PeerClosed], else wait for data.
+//
+// After each of these, and after [Endpoint.CloseWrite]: post what [Endpoint.NextControl]
+// hands out until it returns false. That sends the FIN once credit allows, and the
+// standalone credit updates exactly when due. Nothing else need be tracked: the
+// immediates are built by the Endpoint, with the credit owed in them.
+//
+// On a send completion: nothing here; it frees staging space and send-queue slots.
+//
+// On the idle timer: post what [Endpoint.Keepalive] hands out, if anything. It only uses
+// credit data could use, and carries credit like any message. When it hands out nothing,
+// the peer owes this side credit and will send soon.
+package flowctl

@@ -1,0 +1,208 @@
+package flowctl
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+)
+
+// Limits on [Params].
+const (
+	// MinRingSize is the smallest receive ring: 4 KiB.
+	MinRingSize = 4 << 10
+	// MaxRingSize is the largest receive ring: 1 GiB. Rings above 512 KiB return ring
+	// credit in units larger than a byte (see [RingUnit]).
+	MaxRingSize = 1 << 30
+	// MinRecvWQEs is the fewest receive WQEs a side may pre-post. Below four, the
+	// reserve and the update threshold could not both hold (see the package docs).
+	MinRecvWQEs = 4
+	// MaxRecvWQEs is the most receive WQEs a side may pre-post.
+	MaxRecvWQEs = 1 << 15
+	// ReservedCredits is how many of the peer's receive WQEs application data may never
+	// use: they are kept for credit updates and FIN.
+	ReservedCredits = 2
+)
+
+// ringUnitsLog2 bounds a ring to 2^19 credit units, so that a full ring's worth of
+// credit, and certainly the half ring that triggers an update, fits in the 20-bit field.
+const ringUnitsLog2 = 19
+
+// Errors. Every error [Endpoint.OnArrival] returns wraps one of ErrMalformed,
+// ErrRingOverrun, ErrWQEOverrun, ErrCreditOverflow or ErrAfterFIN: the peer broke the
+// protocol, and the connection should be closed with that error.
+var (
+	// ErrBadParams reports ring or WQE parameters out of range.
+	ErrBadParams = errors.New("flowctl: invalid parameters")
+	// ErrMalformed reports an immediate that does not decode, or whose kind does not
+	// match the completion's byte length.
+	ErrMalformed = errors.New("flowctl: malformed message")
+	// ErrRingOverrun reports a peer that wrote past the ring space it was granted:
+	// it may have overwritten bytes the application had not read.
+	ErrRingOverrun = errors.New("flowctl: peer wrote past granted ring space")
+	// ErrWQEOverrun reports a peer that sent more messages than it was granted
+	// receive WQEs.
+	ErrWQEOverrun = errors.New("flowctl: peer sent more messages than granted WQEs")
+	// ErrCreditOverflow reports a peer that returned credit for bytes or messages
+	// that were never sent to it.
+	ErrCreditOverflow = errors.New("flowctl: peer returned more credit than was used")
+	// ErrAfterFIN reports data or a second FIN after the peer's FIN.
+	ErrAfterFIN = errors.New("flowctl: peer sent after FIN")
+	// ErrWriteClosed reports ReserveData after CloseWrite.
+	ErrWriteClosed = errors.New("flowctl: write after CloseWrite")
+	// ErrBadLength reports a negative length, or Consume of more than is buffered.
+	ErrBadLength = errors.New("flowctl: invalid length")
+)
+
+// Params describe one side's receive resources, as exchanged in the connection hello.
+type Params struct {
+	// RingSize is the size of the receive ring in bytes: a power of two between
+	// MinRingSize and MaxRingSize.
+	RingSize int
+	// RecvWQEs is the number of receive WQEs the side pre-posts and keeps posted:
+	// between MinRecvWQEs and MaxRecvWQEs.
+	RecvWQEs int
+}
+
+// Validate reports whether p is in range, wrapping [ErrBadParams] if not.
+func (p Params) Validate() error { return p.validate("") }
+
+// validate is Validate, naming the side (with a trailing space) in the error.
+func (p Params) validate(side string) error {
+	if p.RingSize < MinRingSize || p.RingSize > MaxRingSize || p.RingSize&(p.RingSize-1) != 0 {
+		return fmt.Errorf("%w: %sring size %d is not a power of two in [%d, %d]", ErrBadParams, side, p.RingSize, MinRingSize, MaxRingSize)
+	}
+	if p.RecvWQEs < MinRecvWQEs || p.RecvWQEs > MaxRecvWQEs {
+		return fmt.Errorf("%w: %d %sreceive WQEs, want [%d, %d]", ErrBadParams, p.RecvWQEs, side, MinRecvWQEs, MaxRecvWQEs)
+	}
+	return nil
+}
+
+// RingUnit is the granularity, in bytes, in which ring credit for a ring of ringSize
+// bytes is returned: 1 up to 512 KiB, and ringSize/2^19 above (2 KiB for a 1 GiB ring).
+// A receiver returns only whole units, so up to RingUnit-1 consumed bytes wait for the
+// next unit to fill before the sender may reuse them.
+func RingUnit(ringSize int) int { return 1 << unitShift(uint64(ringSize)) }
+
+func unitShift(ringSize uint64) uint {
+	if l := bits.Len64(ringSize) - 1; l > ringUnitsLog2 {
+		return uint(l - ringUnitsLog2)
+	}
+	return 0
+}
+
+// Piece is a contiguous range of a ring: Len bytes starting Off bytes from its base.
+type Piece struct {
+	Off int
+	Len int
+}
+
+// Msg is one RDMA_WRITE_WITH_IMM to post to the peer: Len bytes (zero for control
+// messages) written at Off in the peer's ring, with immediate Imm.
+type Msg struct {
+	Piece
+	Imm uint32
+}
+
+// Stats counts the messages an Endpoint has handed out and accepted.
+type Stats struct {
+	DataSent        uint64 // data messages reserved (a write split at the ring's end counts twice)
+	ControlSent     uint64 // credit updates, FINs and keepalives handed out
+	DataReceived    uint64 // data messages accepted by OnArrival
+	ControlReceived uint64 // credit updates, FINs and keepalives accepted by OnArrival
+}
+
+// Endpoint is the flow-control state of one end of an RDMA stream: the send half (the
+// peer's ring and receive queue as this side knows them) and the receive half (this
+// side's ring and receive queue). The halves share one type because every message
+// couples them: it spends send credit and carries receive credit back.
+//
+// Methods do no I/O and allocate nothing except when returning an error. An Endpoint is
+// not safe for concurrent use; the engine holds its connection mutex around every call.
+// After OnArrival reports a protocol violation, the error is sticky: OnArrival and
+// ReserveData return it and NextControl and Keepalive return nothing.
+type Endpoint struct {
+	// Send half: cursors into the peer's ring and counts of its receive WQEs.
+	peerRing      uint64 // size of the peer's ring, a power of two
+	peerUnitShift uint   // log2 of the peer ring's credit unit
+	peerWQEs      uint64 // receive WQEs the peer keeps posted
+	prod          uint64 // producer cursor: ring bytes reserved so far
+	granted       uint64 // the peer's consumer cursor as last returned: we may write below granted+peerRing
+	sent          uint64 // messages of every kind handed out
+	wqeLimit      uint64 // peerWQEs plus all WQE credit returned: sent never exceeds it
+	finRequested  bool   // CloseWrite was called
+	finSent       bool   // the FIN has been handed out
+
+	// Receive half: cursors into our ring and counts of our receive WQEs.
+	ring        uint64 // size of our ring, a power of two
+	unitShift   uint   // log2 of our ring's credit unit
+	wqes        uint64 // receive WQEs we keep posted
+	arrived     uint64 // bytes that have landed in the ring
+	consumed    uint64 // bytes the application has consumed
+	returned    uint64 // consumer cursor as told to the peer, a whole number of units
+	reaped      uint64 // messages received (each re-posted a WQE)
+	wqeReturned uint64 // WQE credits told to the peer
+	peerFIN     bool   // the peer's FIN has arrived
+
+	pol   policy
+	err   error // sticky protocol violation
+	stats Stats
+}
+
+// policy holds the tunables of the protocol. NewEndpoint sets them from the package
+// constants; the model tests change them to show that the rules are needed.
+type policy struct {
+	reserve    uint64 // data never takes the peer's last reserve WQE credits
+	lastCredit bool   // the very last WQE credit only goes to a message that returns WQE credit
+	wqeUpdate  uint64 // owed WQE credits that make a standalone update due
+	ringUpdate uint64 // returnable ring bytes that make a standalone update due
+	maxWQE     uint64 // WQE credits one immediate may carry
+	maxRing    uint64 // ring units one immediate may carry
+}
+
+// NewEndpoint returns the flow-control state of a connection whose own receive side is
+// local and whose peer's is peer. Both must be valid Params.
+func NewEndpoint(local, peer Params) (*Endpoint, error) {
+	if err := local.validate("local "); err != nil {
+		return nil, err
+	}
+	if err := peer.validate("peer "); err != nil {
+		return nil, err
+	}
+	e := newEndpoint(local, peer)
+	return &e, nil
+}
+
+// newEndpoint builds an Endpoint without range checks, so the model tests can use rings
+// of a few bytes. Ring sizes must still be powers of two and WQE counts at least one.
+func newEndpoint(local, peer Params) Endpoint {
+	ring, wqes := uint64(local.RingSize), uint64(local.RecvWQEs)
+	return Endpoint{
+		peerRing:      uint64(peer.RingSize),
+		peerUnitShift: unitShift(uint64(peer.RingSize)),
+		peerWQEs:      uint64(peer.RecvWQEs),
+		wqeLimit:      uint64(peer.RecvWQEs),
+		ring:          ring,
+		unitShift:     unitShift(ring),
+		wqes:          wqes,
+		pol: policy{
+			reserve:    ReservedCredits,
+			lastCredit: true,
+			wqeUpdate:  min(wqes/2, MaxImmWQECredits),
+			ringUpdate: ring / 2,
+			maxWQE:     MaxImmWQECredits,
+			maxRing:    MaxImmRingCredits,
+		},
+	}
+}
+
+// Err returns the protocol violation OnArrival reported, or nil.
+func (e *Endpoint) Err() error { return e.err }
+
+// Stats returns message counts since the Endpoint was created.
+func (e *Endpoint) Stats() Stats { return e.stats }
+
+// fail records a protocol violation; it is returned from then on.
+func (e *Endpoint) fail(err error) (Arrival, error) {
+	e.err = err
+	return Arrival{}, err
+}

@@ -1,0 +1,323 @@
+package flowctl
+
+import (
+	"encoding/binary"
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func imm(kind Kind, wqe, ring uint32) uint32 {
+	return Imm{Kind: kind, WQECredits: wqe, RingCredits: ring}.pack()
+}
+
+// TestOnArrivalViolations feeds an Endpoint what a buggy or hostile peer might send.
+func TestOnArrivalViolations(t *testing.T) {
+	const ring = MinRingSize
+	p := Params{RingSize: ring, RecvWQEs: 8}
+	type arrival struct{ byteLen, imm uint32 }
+	reserve10 := func(t *testing.T, e *Endpoint) {
+		r, err := e.ReserveData(10)
+		require.NoError(t, err)
+		require.Equal(t, 10, r.Bytes)
+	}
+	tests := []struct {
+		name  string
+		setup func(t *testing.T, e *Endpoint) // local actions before the peer's messages
+		msgs  []arrival                       // all but the last must be accepted
+		want  error
+	}{
+		{"zero immediate", nil, []arrival{{0, 0}}, ErrMalformed},
+		{"unknown kind", nil, []arrival{{0, 7 << 29}}, ErrMalformed},
+		{"credit update with bytes", nil, []arrival{{3, imm(KindCredit, 0, 0)}}, ErrMalformed},
+		{"data past a fresh ring", nil, []arrival{{ring + 1, imm(KindData, 0, 0)}}, ErrRingOverrun},
+		{"data past the ring in two writes", nil, []arrival{{ring - 1, imm(KindData, 0, 0)}, {2, imm(KindData, 0, 0)}}, ErrRingOverrun},
+		{"data past the credit returned", func(t *testing.T, e *Endpoint) {
+			deliver(t, e, Msg{Piece: Piece{Len: ring}, Imm: imm(KindData, 0, 0)})
+			require.NoError(t, e.Consume(ring))
+			_, ok := e.NextControl() // returns the whole ring
+			require.True(t, ok)
+		}, []arrival{{ring, imm(KindData, 0, 0)}, {1, imm(KindData, 0, 0)}}, ErrRingOverrun},
+		{"more messages than WQEs", nil, []arrival{
+			{0, imm(KindCredit, 0, 0)}, {0, imm(KindCredit, 0, 0)}, {0, imm(KindCredit, 0, 0)}, {0, imm(KindCredit, 0, 0)},
+			{0, imm(KindCredit, 0, 0)}, {0, imm(KindCredit, 0, 0)}, {0, imm(KindCredit, 0, 0)}, {0, imm(KindCredit, 0, 0)},
+			{0, imm(KindKeepalive, 0, 0)},
+		}, ErrWQEOverrun},
+		{"WQE credit for nothing sent", nil, []arrival{{0, imm(KindCredit, 1, 0)}}, ErrCreditOverflow},
+		{"WQE credit for more than sent", reserve10, []arrival{{0, imm(KindCredit, 1, 0)}, {0, imm(KindCredit, 1, 0)}}, ErrCreditOverflow},
+		{"ring credit for nothing sent", nil, []arrival{{1, imm(KindData, 0, 1)}}, ErrCreditOverflow},
+		{"ring credit for more than sent", reserve10, []arrival{{0, imm(KindFIN, 0, 11)}}, ErrCreditOverflow},
+		{"data after FIN", nil, []arrival{{0, imm(KindFIN, 0, 0)}, {1, imm(KindData, 0, 0)}}, ErrAfterFIN},
+		{"second FIN", nil, []arrival{{0, imm(KindFIN, 0, 0)}, {0, imm(KindCredit, 0, 0)}, {0, imm(KindFIN, 0, 0)}}, ErrAfterFIN},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newTestEndpoint(t, p, p)
+			if tt.setup != nil {
+				tt.setup(t, e)
+			}
+			for i, m := range tt.msgs {
+				_, err := e.OnArrival(m.byteLen, m.imm)
+				if i < len(tt.msgs)-1 {
+					require.NoError(t, err, "message %d", i)
+					continue
+				}
+				if !errors.Is(err, tt.want) {
+					t.Fatalf("OnArrival(%d, %#08x) = %v, want %v", m.byteLen, m.imm, err, tt.want)
+				}
+			}
+			// The violation is sticky.
+			err := e.Err()
+			require.ErrorIs(t, err, tt.want)
+			_, err2 := e.OnArrival(0, imm(KindCredit, 0, 0))
+			require.Equal(t, err, err2, "OnArrival after a violation")
+			_, err2 = e.ReserveData(1)
+			require.Equal(t, err, err2, "ReserveData after a violation")
+			_, ok := e.NextControl()
+			require.False(t, ok, "NextControl after a violation")
+			_, ok = e.Keepalive()
+			require.False(t, ok, "Keepalive after a violation")
+			require.Zero(t, e.Writable(), "Writable after a violation")
+		})
+	}
+}
+
+// TestCreditReturn: the receiver returns WQE credit for every message and ring credit
+// for consumed bytes, piggybacked when it has traffic, standalone when a threshold is
+// crossed, and the sender's credit grows by exactly that.
+func TestCreditReturn(t *testing.T) {
+	p := Params{RingSize: MinRingSize, RecvWQEs: 8} // updates at 4 WQEs or 2048 bytes
+	a := newTestEndpoint(t, p, p)
+	b := newTestEndpoint(t, p, p)
+
+	// Three 100-byte messages: not yet worth an update.
+	for range 3 {
+		r, err := a.ReserveData(100)
+		require.NoError(t, err)
+		deliver(t, b, r.Msgs[0])
+	}
+	require.Equal(t, uint64(5), a.credit())
+	_, ok := b.NextControl()
+	require.False(t, ok, "update for 3 of 8 WQEs")
+	require.NoError(t, b.Consume(250))
+
+	// b writes: its data carries the credit back.
+	r, err := b.ReserveData(10)
+	require.NoError(t, err)
+	got, err := DecodeImm(r.Msgs[0].Imm, 10)
+	require.NoError(t, err)
+	require.Equal(t, Imm{Kind: KindData, WQECredits: 3, RingCredits: 250}, got)
+	arr, err := a.OnArrival(10, r.Msgs[0].Imm)
+	require.NoError(t, err)
+	require.True(t, arr.Credited)
+	require.Equal(t, uint64(8), a.credit())
+	require.Equal(t, MinRingSize-50, a.Writable())
+
+	// The fourth message owed makes an update due, with the one from b's data.
+	for range 3 {
+		r, err := a.ReserveData(1)
+		require.NoError(t, err)
+		deliver(t, b, r.Msgs[0])
+	}
+	_, ok = b.NextControl()
+	require.False(t, ok, "update for 3 of 8 WQEs")
+	r, err = a.ReserveData(1)
+	require.NoError(t, err)
+	deliver(t, b, r.Msgs[0])
+	m, ok := b.NextControl()
+	require.True(t, ok, "no update for 4 of 8 WQEs")
+	got, err = DecodeImm(m.Imm, 0)
+	require.NoError(t, err)
+	require.Equal(t, Imm{Kind: KindCredit, WQECredits: 4}, got)
+	_, ok = b.NextControl()
+	require.False(t, ok, "a second update with nothing owed")
+	deliver(t, a, m)
+	require.Equal(t, uint64(8), a.credit())
+	require.Equal(t, uint64(1), a.reaped-a.wqeReturned, "a owes b one WQE for its update")
+}
+
+// TestCreditCarriedOver: credit that does not fit one immediate is returned by the next
+// messages, all of it.
+func TestCreditCarriedOver(t *testing.T) {
+	p := Params{RingSize: MinRingSize, RecvWQEs: 2048}
+	a := newTestEndpoint(t, p, p)
+	b := newTestEndpoint(t, p, p)
+	for range 600 {
+		m, ok := a.Keepalive()
+		require.True(t, ok)
+		deliver(t, b, m)
+	}
+	var returned []uint32
+	for {
+		m, ok := b.NextControl()
+		if !ok {
+			break
+		}
+		got, err := DecodeImm(m.Imm, 0)
+		require.NoError(t, err)
+		returned = append(returned, got.WQECredits)
+		deliver(t, a, m)
+	}
+	require.Equal(t, []uint32{MaxImmWQECredits}, returned, "standalone updates for 600 owed WQEs")
+	r, err := b.ReserveData(1)
+	require.NoError(t, err)
+	got, err := DecodeImm(r.Msgs[0].Imm, 1)
+	require.NoError(t, err)
+	require.Equal(t, uint32(600-MaxImmWQECredits), got.WQECredits, "the rest rides on the next message")
+	deliver(t, a, r.Msgs[0])
+	require.Equal(t, uint64(2048), a.credit())
+}
+
+// TestFIN: CloseWrite ends writes, the FIN follows the data and waits for credit, and
+// never takes the last credit unless it returns WQE credit.
+func TestFIN(t *testing.T) {
+	a := newTestEndpoint(t, minParams, minParams)
+	b := newTestEndpoint(t, minParams, minParams)
+	r, err := a.ReserveData(10)
+	require.NoError(t, err)
+	r2, err := a.ReserveData(10)
+	require.NoError(t, err)
+	require.Zero(t, a.Writable(), "data took the reserve")
+	a.CloseWrite()
+	_, err = a.ReserveData(1)
+	require.ErrorIs(t, err, ErrWriteClosed)
+	_, err = a.ReserveData(0)
+	require.ErrorIs(t, err, ErrWriteClosed)
+
+	// Two credits left, the reserve: the FIN may use it.
+	require.True(t, a.FINPending())
+	fin, ok := a.NextControl()
+	require.True(t, ok, "FIN held back with %d credits", a.credit())
+	require.False(t, a.FINPending())
+	_, ok = a.NextControl()
+	require.False(t, ok, "a second FIN")
+	a.CloseWrite()
+	_, ok = a.NextControl()
+	require.False(t, ok, "CloseWrite twice sent a second FIN")
+
+	deliver(t, b, r.Msgs[0], r2.Msgs[0])
+	require.False(t, b.PeerClosed())
+	arr, err := b.OnArrival(0, fin.Imm)
+	require.NoError(t, err)
+	require.Equal(t, KindFIN, arr.Kind)
+	require.True(t, b.PeerClosed())
+	require.Equal(t, 20, b.Buffered(), "data before the FIN is still readable")
+
+	// b closes too, with one credit left and nothing to return: the FIN must wait.
+	c := newTestEndpoint(t, minParams, minParams)
+	c.sent = c.wqeLimit - 1
+	c.CloseWrite()
+	_, ok = c.NextControl()
+	require.False(t, ok, "FIN took the last credit without returning any")
+	_, err = c.OnArrival(0, imm(KindCredit, 0, 0)) // now c owes one WQE
+	require.NoError(t, err)
+	fin, ok = c.NextControl()
+	require.True(t, ok, "FIN with the last credit, returning one")
+	got, err := DecodeImm(fin.Imm, 0)
+	require.NoError(t, err)
+	require.Equal(t, Imm{Kind: KindFIN, WQECredits: 1}, got)
+}
+
+func TestKeepalive(t *testing.T) {
+	e := newTestEndpoint(t, minParams, minParams)
+	for range MinRecvWQEs - ReservedCredits {
+		_, ok := e.Keepalive()
+		require.True(t, ok)
+	}
+	_, ok := e.Keepalive()
+	require.False(t, ok, "keepalive took reserved credit")
+	_, ok = e.NextControl()
+	require.False(t, ok, "control message with nothing due")
+	require.Equal(t, uint64(MinRecvWQEs-ReservedCredits), e.Stats().ControlSent)
+}
+
+// FuzzPeer drives an Endpoint with arbitrary messages from its peer, mixed with local
+// writes, reads and control messages. Whatever arrives, the Endpoint must not panic, must
+// report every violation as one of its errors, and must never accept a message that
+// would have overwritten unread bytes, found no WQE, or returned credit never used.
+func FuzzPeer(f *testing.F) {
+	f.Add([]byte{})
+	f.Add(fuzzOps(
+		fuzzOp{op: 2, a: 10},                          // write 10 bytes
+		fuzzOp{op: 1, a: 5, b: 1<<8 | 10<<16},         // peer: 5 data bytes returning 1 WQE, 10 bytes
+		fuzzOp{op: 3, a: 5},                           // read them
+		fuzzOp{op: 4},                                 // control
+		fuzzOp{op: 1, a: 0, b: 2},                     // peer: FIN
+		fuzzOp{op: 0, a: 1, b: imm(KindData, 0, 0)},   // peer: data after FIN
+		fuzzOp{op: 0, a: 0, b: imm(KindCredit, 9, 0)}, // peer: credit never used
+	))
+	f.Add(fuzzOps(fuzzOp{op: 0, a: 64, b: imm(KindData, 0, 0)}, fuzzOp{op: 0, a: 1, b: imm(KindData, 0, 0)}))
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		const ring, wqes = 64, 4
+		p := Params{RingSize: ring, RecvWQEs: wqes}
+		e := newEndpoint(p, p)
+		for len(ops) >= 9 {
+			op, a, b := ops[0], binary.LittleEndian.Uint32(ops[1:]), binary.LittleEndian.Uint32(ops[5:])
+			ops = ops[9:]
+			switch op % 7 {
+			case 0: // raw completion
+				fuzzArrival(t, &e, a, b)
+			case 1: // well-formed completion with fuzzed fields
+				kind := Kind(1 + b%4)
+				n := a % (2 * ring)
+				if kind != KindData {
+					n = 0
+				} else if n == 0 {
+					n = 1
+				}
+				fuzzArrival(t, &e, n, imm(kind, (b>>8)%8, (b>>16)%(2*ring)))
+			case 2:
+				r, err := e.ReserveData(int(a % (2 * ring)))
+				if err == nil && r.Bytes > int(a%(2*ring)) {
+					t.Fatalf("ReserveData(%d) reserved %d bytes", a%(2*ring), r.Bytes)
+				}
+			case 3:
+				if err := e.Consume(int(a % uint32(e.Buffered()+2))); err != nil && !errors.Is(err, ErrBadLength) {
+					t.Fatalf("Consume: %v", err)
+				}
+			case 4:
+				e.NextControl()
+			case 5:
+				e.CloseWrite()
+			case 6:
+				e.Keepalive()
+			}
+			if e.sent > e.wqeLimit || e.granted > e.prod || e.prod-e.granted > ring ||
+				e.returned > e.consumed || e.consumed > e.arrived || e.arrived-e.returned > ring ||
+				e.reaped-e.wqeReturned > wqes || e.wqeLimit-e.peerWQEs > e.sent {
+				t.Fatalf("invariant broken: %+v", e)
+			}
+		}
+	})
+}
+
+func fuzzArrival(t *testing.T, e *Endpoint, byteLen, im uint32) {
+	before := e.err
+	_, err := e.OnArrival(byteLen, im)
+	switch {
+	case err == nil:
+	case before != nil:
+		if err != before {
+			t.Fatalf("OnArrival after a violation = %v, want the first error %v", err, before)
+		}
+	case !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrRingOverrun) && !errors.Is(err, ErrWQEOverrun) &&
+		!errors.Is(err, ErrCreditOverflow) && !errors.Is(err, ErrAfterFIN):
+		t.Fatalf("OnArrival(%d, %#08x) = %v, not a protocol violation", byteLen, im, err)
+	}
+}
+
+type fuzzOp struct {
+	op   byte
+	a, b uint32
+}
+
+func fuzzOps(ops ...fuzzOp) []byte {
+	var b []byte
+	for _, o := range ops {
+		b = append(b, o.op)
+		b = binary.LittleEndian.AppendUint32(b, o.a)
+		b = binary.LittleEndian.AppendUint32(b, o.b)
+	}
+	return b
+}

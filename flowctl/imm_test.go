@@ -1,0 +1,135 @@
+package flowctl
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestImmLayout(t *testing.T) {
+	tests := []struct {
+		m    Imm
+		want uint32
+	}{
+		{Imm{Kind: KindData}, 0x2000_0000},
+		{Imm{Kind: KindCredit, WQECredits: 1}, 0x4010_0000},
+		{Imm{Kind: KindFIN, RingCredits: 1}, 0x6000_0001},
+		{Imm{Kind: KindKeepalive, WQECredits: MaxImmWQECredits, RingCredits: MaxImmRingCredits}, 0x9fff_ffff},
+		{Imm{Kind: KindData, WQECredits: 0x155, RingCredits: 0xaaaaa}, 0x355a_aaaa},
+	}
+	for _, tt := range tests {
+		got, err := tt.m.Encode()
+		if err != nil || got != tt.want {
+			t.Errorf("%+v.Encode() = %#08x, %v, want %#08x", tt.m, got, err, tt.want)
+		}
+	}
+}
+
+func TestImmRoundTrip(t *testing.T) {
+	for _, kind := range []Kind{KindData, KindCredit, KindFIN, KindKeepalive} {
+		for _, wqe := range []uint32{0, 1, 2, 255, MaxImmWQECredits} {
+			for _, ring := range []uint32{0, 1, 1 << 18, MaxImmRingCredits} {
+				m := Imm{Kind: kind, WQECredits: wqe, RingCredits: ring}
+				imm, err := m.Encode()
+				require.NoError(t, err, "%+v.Encode()", m)
+				byteLen := uint32(0)
+				if kind == KindData {
+					byteLen = 7
+				}
+				got, err := DecodeImm(imm, byteLen)
+				if err != nil || got != m {
+					t.Errorf("DecodeImm(%+v.Encode() = %#08x, %d) = %+v, %v, want it back", m, imm, byteLen, got, err)
+				}
+			}
+		}
+	}
+}
+
+func TestImmEncodeRejects(t *testing.T) {
+	tests := []Imm{
+		{},
+		{Kind: 5},
+		{Kind: 255},
+		{Kind: KindData, WQECredits: MaxImmWQECredits + 1},
+		{Kind: KindCredit, RingCredits: MaxImmRingCredits + 1},
+		{Kind: KindFIN, WQECredits: 1 << 31},
+	}
+	for _, m := range tests {
+		if imm, err := m.Encode(); !errors.Is(err, ErrMalformed) {
+			t.Errorf("%+v.Encode() = %#08x, %v, want ErrMalformed", m, imm, err)
+		}
+	}
+}
+
+func TestDecodeImmRejects(t *testing.T) {
+	tests := []struct {
+		imm, byteLen uint32
+	}{
+		{0, 0},                     // kind 0: memory never written
+		{0, 10},                    //
+		{0x0000_0001, 0},           // kind 0 with credit
+		{0xa000_0000, 0},           // kind 5
+		{0xc000_0000, 0},           // kind 6
+		{0xe000_0000, 1},           // kind 7
+		{0xffff_ffff, 0},           // all ones
+		{0x2000_0000, 0},           // data without bytes
+		{0x2010_0001, 0},           // data without bytes, with credit
+		{0x4000_0000, 1},           // credit update with bytes
+		{0x6000_0000, 4096},        // FIN with bytes
+		{0x8000_0000, 0xffff_ffff}, // keepalive with bytes
+	}
+	for _, tt := range tests {
+		if m, err := DecodeImm(tt.imm, tt.byteLen); !errors.Is(err, ErrMalformed) {
+			t.Errorf("DecodeImm(%#08x, %d) = %+v, %v, want ErrMalformed", tt.imm, tt.byteLen, m, err)
+		}
+	}
+}
+
+func TestKindString(t *testing.T) {
+	tests := []struct {
+		k    Kind
+		want string
+	}{
+		{KindData, "data"}, {KindCredit, "credit"}, {KindFIN, "fin"}, {KindKeepalive, "keepalive"}, {0, "Kind(0)"}, {9, "Kind(9)"},
+	}
+	for _, tt := range tests {
+		if got := tt.k.String(); got != tt.want {
+			t.Errorf("Kind(%d).String() = %q, want %q", uint8(tt.k), got, tt.want)
+		}
+	}
+}
+
+// FuzzDecodeImm checks that decoding never panics, accepts exactly the immediates whose
+// kind is known and matches the byte length, and that every accepted immediate encodes
+// back to itself, so no two wire values mean the same thing.
+func FuzzDecodeImm(f *testing.F) {
+	f.Add(uint32(0x2000_0000), uint32(1))
+	f.Add(uint32(0x4010_0040), uint32(0))
+	f.Add(uint32(0x6000_0000), uint32(0))
+	f.Add(uint32(0x9fff_ffff), uint32(0))
+	f.Add(uint32(0), uint32(0))
+	f.Add(uint32(0x2000_0000), uint32(0))
+	f.Fuzz(func(t *testing.T, imm, byteLen uint32) {
+		m, err := DecodeImm(imm, byteLen)
+		kind := Kind(imm >> 29)
+		valid := (kind == KindData && byteLen > 0) ||
+			((kind == KindCredit || kind == KindFIN || kind == KindKeepalive) && byteLen == 0)
+		if !valid {
+			if !errors.Is(err, ErrMalformed) {
+				t.Fatalf("DecodeImm(%#08x, %d) = %+v, %v, want ErrMalformed", imm, byteLen, m, err)
+			}
+			return
+		}
+		if err != nil {
+			t.Fatalf("DecodeImm(%#08x, %d) = %v, want success", imm, byteLen, err)
+		}
+		if m.Kind != kind || m.WQECredits > MaxImmWQECredits || m.RingCredits > MaxImmRingCredits {
+			t.Fatalf("DecodeImm(%#08x, %d) = %+v, out of range", imm, byteLen, m)
+		}
+		back, err := m.Encode()
+		if err != nil || back != imm {
+			t.Fatalf("DecodeImm(%#08x, %d) = %+v, which encodes to %#08x, %v", imm, byteLen, m, back, err)
+		}
+	})
+}

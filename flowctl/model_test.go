@@ -1,0 +1,728 @@
+package flowctl
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"hash/maphash"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The model tests run two Endpoints against each other the way the stream engine will,
+// over a simulated RC connection that is as unforgiving as hardware:
+//
+//   - A message lands the moment it is posted, the earliest the hardware may deliver it:
+//     its bytes are in the peer's ring, so writing over bytes the application has not
+//     consumed is caught at once, and it consumes one of the peer's posted receive WQEs,
+//     so a message that finds none (RNR) is caught at once too. The peer learns of it,
+//     and re-posts the WQE, only when its engine reaps the completion, which may be
+//     arbitrarily later. Landing later than this could only hide an RNR, and the
+//     Endpoints cannot tell the difference.
+//   - Each direction delivers in posting order; the two directions' reaping and the
+//     applications' writes and reads interleave arbitrarily.
+//
+// After every step the invariants hold, and in every state where nothing more can happen
+// all data has been read exactly once, in order, and the FINs have arrived: there is no
+// deadlock. The exhaustive tests visit every reachable state of small configurations;
+// the random tests run larger ones for many steps.
+
+var deep = flag.Bool("flowctl.deep", false, "run longer model explorations")
+
+// mMsg is a message on the simulated wire.
+type mMsg struct {
+	off, n int
+	imm    uint32
+	start  uint64 // stream cursor of the first payload byte
+}
+
+// mSide is one end of the simulated connection: an Endpoint, the ring memory the peer
+// writes into, the engine's queues and the application's progress.
+type mSide struct {
+	ep         Endpoint
+	ring       []byte // own receive ring, written by the peer
+	occ        []bool // ring byte written by the peer and not yet consumed
+	cq         []mMsg // landed in our ring, completion not reaped (RC keeps them in order)
+	toWrite    uint64 // bytes the application has still to write
+	written    uint64 // bytes written: the stream cursor
+	read       uint64 // bytes the application has read
+	close      bool   // the application calls CloseWrite after writing everything
+	closed     bool   // CloseWrite was called
+	finIn      bool   // the peer's FIN was reaped
+	keepalives int    // keepalives the idle timer may still send
+	paused     bool   // the application is not reading for now (random runs only)
+}
+
+type model struct {
+	cfg  *modelConfig
+	side [2]mSide
+}
+
+// modelConfig is one configuration of the model: side 0 and side 1.
+type modelConfig struct {
+	name       string
+	ring       [2]int    // receive ring size of each side (any power of two)
+	wqes       [2]int    // receive WQEs of each side
+	unitShift  [2]uint   // ring credit unit of each side's ring, log2
+	total      [2]uint64 // bytes each side's application writes
+	close      [2]bool   // whether each side closes its write side at the end
+	eagerClose bool      // close in the same step as the last write, not at any later time
+	keepalives int       // keepalives each side may send
+	maxWrite   int       // largest application write (exhaustive runs)
+	tweak      func(p *policy)
+}
+
+func pattern(side int, cursor uint64) byte {
+	return byte(cursor) + byte(cursor>>8)*61 + byte(side)*128
+}
+
+func newModel(cfg *modelConfig) *model {
+	m := &model{cfg: cfg}
+	for i := range 2 {
+		s := &m.side[i]
+		s.ep = newEndpoint(Params{RingSize: cfg.ring[i], RecvWQEs: cfg.wqes[i]}, Params{RingSize: cfg.ring[1-i], RecvWQEs: cfg.wqes[1-i]})
+		s.ep.unitShift = cfg.unitShift[i]
+		s.ep.peerUnitShift = cfg.unitShift[1-i]
+		if cfg.tweak != nil {
+			cfg.tweak(&s.ep.pol)
+		}
+		s.ring = make([]byte, cfg.ring[i])
+		s.occ = make([]bool, cfg.ring[i])
+		s.toWrite = cfg.total[i]
+		s.close = cfg.close[i]
+		s.keepalives = cfg.keepalives
+	}
+	return m
+}
+
+func (m *model) clone() *model {
+	c := *m
+	for i := range 2 {
+		s := &c.side[i]
+		s.ring = append([]byte(nil), s.ring...)
+		s.occ = append([]bool(nil), s.occ...)
+		s.cq = append([]mMsg(nil), s.cq...)
+	}
+	return &c
+}
+
+type actKind uint8
+
+const (
+	actReap      actKind = iota // side's engine reaps the head of its completion queue
+	actWrite                    // side's application writes n bytes
+	actRead                     // side's application reads n bytes
+	actClose                    // side's application calls CloseWrite
+	actKeepalive                // side's idle timer sends a keepalive
+)
+
+type action struct {
+	kind actKind
+	side int
+	n    int
+}
+
+func (a action) String() string {
+	name := [...]string{"reap", "write", "read", "close", "keepalive"}[a.kind]
+	if a.kind == actWrite || a.kind == actRead {
+		return fmt.Sprintf("%d:%s(%d)", a.side, name, a.n)
+	}
+	return fmt.Sprintf("%d:%s", a.side, name)
+}
+
+// actions appends the actions enabled in m. A write or a read is listed once, with n
+// the most it can do now; callers choose smaller sizes themselves.
+func (m *model) actions(acts []action) []action {
+	// Applications first, then the engines: the exhaustive search then tries "everyone
+	// writes before anyone reaps" early, which is where credit runs out.
+	for i := range 2 {
+		s := &m.side[i]
+		if w := s.ep.Writable(); s.toWrite > 0 && w > 0 {
+			acts = append(acts, action{actWrite, i, int(min(s.toWrite, uint64(w)))})
+		}
+		if s.close && !s.closed && s.toWrite == 0 && !(m.cfg.eagerClose && s.written > 0) {
+			acts = append(acts, action{actClose, i, 0})
+		}
+		if s.keepalives > 0 && s.ep.credit() > s.ep.pol.reserve {
+			acts = append(acts, action{actKeepalive, i, 0})
+		}
+	}
+	for i := range 2 {
+		s := &m.side[i]
+		if b := s.ep.Buffered(); b > 0 && !s.paused {
+			acts = append(acts, action{actRead, i, b})
+		}
+		if len(s.cq) > 0 {
+			acts = append(acts, action{actReap, i, 0})
+		}
+	}
+	return acts
+}
+
+// step applies a, then runs the engine's reaction: hand out control messages until
+// none is due.
+func (m *model) step(a action) error {
+	i := a.side
+	s, peer := &m.side[i], &m.side[1-i]
+	switch a.kind {
+	case actReap:
+		msg := s.cq[0]
+		s.cq = s.cq[1:]
+		arr, err := s.ep.OnArrival(uint32(msg.n), msg.imm)
+		if err != nil {
+			return fmt.Errorf("side %d: OnArrival(%d, %#x): %w", i, msg.n, msg.imm, err)
+		}
+		switch arr.Kind {
+		case KindData:
+			if arr.Off != msg.off || arr.Len != msg.n || s.ep.arrived != msg.start+uint64(msg.n) {
+				return fmt.Errorf("side %d: stream bytes [%d, +%d) landed at %d, OnArrival says %d+%d, arrived %d",
+					i, msg.start, msg.n, msg.off, arr.Off, arr.Len, s.ep.arrived)
+			}
+		case KindFIN:
+			if peer.toWrite != 0 || s.ep.arrived != peer.written {
+				return fmt.Errorf("side %d: FIN arrived after %d bytes, peer wrote %d and has %d to go", i, s.ep.arrived, peer.written, peer.toWrite)
+			}
+			s.finIn = true
+		}
+	case actWrite:
+		want := min(a.n, s.ep.Writable())
+		r, err := s.ep.ReserveData(a.n)
+		if err != nil {
+			return fmt.Errorf("side %d: ReserveData(%d): %w", i, a.n, err)
+		}
+		if r.Bytes != want || r.Count == 0 {
+			return fmt.Errorf("side %d: ReserveData(%d) = %d bytes in %d messages, Writable said %d", i, a.n, r.Bytes, r.Count, want)
+		}
+		for _, msg := range r.Msgs[:r.Count] {
+			if want := int(s.written % uint64(len(peer.ring))); msg.Off != want {
+				return fmt.Errorf("side %d: data message at ring offset %d, producer cursor is at %d", i, msg.Off, want)
+			}
+			for k := range msg.Len {
+				pos := msg.Off + k
+				if pos >= len(peer.ring) {
+					return fmt.Errorf("side %d: data message %+v runs past the ring's end", i, msg)
+				}
+				if peer.occ[pos] {
+					return fmt.Errorf("side %d: overwrites unread byte at ring offset %d", i, pos)
+				}
+				peer.occ[pos] = true
+				peer.ring[pos] = pattern(i, s.written+uint64(k))
+			}
+			if err := m.post(i, mMsg{off: msg.Off, n: msg.Len, imm: msg.Imm, start: s.written}); err != nil {
+				return err
+			}
+			s.written += uint64(msg.Len)
+			s.toWrite -= uint64(msg.Len)
+		}
+		if s.close && s.toWrite == 0 && m.cfg.eagerClose {
+			s.ep.CloseWrite()
+			s.closed = true
+		}
+	case actRead:
+		first, second := s.ep.Unread()
+		if first.Len+second.Len != s.ep.Buffered() {
+			return fmt.Errorf("side %d: Unread() = %v, %v for %d bytes buffered", i, first, second, s.ep.Buffered())
+		}
+		n := a.n
+		for _, p := range [2]Piece{first, second} {
+			for k := 0; k < p.Len && n > 0; k++ {
+				pos := p.Off + k
+				if !s.occ[pos] {
+					return fmt.Errorf("side %d: reads ring offset %d, which holds no data", i, pos)
+				}
+				if got, want := s.ring[pos], pattern(1-i, s.read); got != want {
+					return fmt.Errorf("side %d: stream byte %d is %#x, want %#x", i, s.read, got, want)
+				}
+				s.occ[pos] = false
+				s.read++
+				n--
+			}
+		}
+		if err := s.ep.Consume(a.n); err != nil {
+			return fmt.Errorf("side %d: Consume(%d): %w", i, a.n, err)
+		}
+	case actClose:
+		s.ep.CloseWrite()
+		s.closed = true
+	case actKeepalive:
+		msg, ok := s.ep.Keepalive()
+		if !ok {
+			return fmt.Errorf("side %d: Keepalive refused with %d credits", i, s.ep.credit())
+		}
+		if err := m.post(i, mMsg{imm: msg.Imm}); err != nil {
+			return err
+		}
+		s.keepalives--
+	}
+	for range 1 << 16 {
+		msg, ok := s.ep.NextControl()
+		if !ok {
+			return nil
+		}
+		if msg.Len != 0 {
+			return fmt.Errorf("side %d: control message %+v has a payload", i, msg)
+		}
+		if err := m.post(i, mMsg{imm: msg.Imm}); err != nil {
+			return err
+		}
+	}
+	return fmt.Errorf("side %d: NextControl never stops", i)
+}
+
+// post delivers a message from side i to its peer's completion queue.
+func (m *model) post(i int, msg mMsg) error {
+	peer := &m.side[1-i]
+	if len(peer.cq) >= int(peer.ep.wqes) {
+		return fmt.Errorf("RNR: message from side %d finds no receive WQE posted at side %d", i, 1-i)
+	}
+	peer.cq = append(peer.cq, msg)
+	return nil
+}
+
+// direction names the direction from side i to the other, for error messages.
+type direction int
+
+func (d direction) String() string { return fmt.Sprintf("direction %d→%d", int(d), 1-int(d)) }
+
+// check verifies the invariants of both directions.
+func (m *model) check() error {
+	for i := range 2 {
+		sender, rcvr := &m.side[i], &m.side[1-i]
+		s, x := &sender.ep, &rcvr.ep
+		if s.err != nil || x.err != nil {
+			return fmt.Errorf("endpoint failed: %v, %v", s.err, x.err)
+		}
+		dir := direction(i)
+		if s.sent > s.wqeLimit {
+			return fmt.Errorf("%s: negative WQE credit: %d sent, limit %d", dir, s.sent, s.wqeLimit)
+		}
+		// Messages toward x: landed and not reaped, or reaped.
+		inflight := uint64(len(rcvr.cq))
+		var data uint64
+		for _, msg := range rcvr.cq {
+			data += uint64(msg.n)
+		}
+		if s.sent != x.reaped+inflight {
+			return fmt.Errorf("%s: %d messages sent, %d reaped, %d in flight", dir, s.sent, x.reaped, inflight)
+		}
+		if s.prod != sender.written || s.prod != x.arrived+data {
+			return fmt.Errorf("%s: producer cursor %d, written %d, arrived %d + %d in flight", dir, s.prod, sender.written, x.arrived, data)
+		}
+		// Credits toward s: carried by messages of x not yet reaped by s.
+		var wqeC, ringC uint64
+		for _, msg := range sender.cq {
+			imm, err := DecodeImm(msg.imm, uint32(msg.n))
+			if err != nil {
+				return fmt.Errorf("%s: message on the wire does not decode: %w", dir, err)
+			}
+			wqeC += uint64(imm.WQECredits)
+			ringC += uint64(imm.RingCredits) << x.unitShift
+		}
+		// Every one of x's WQEs is in exactly one place: credit at s, a message on the
+		// way or landed, owed by x, or credit on its way back.
+		if got := s.credit() + inflight + (x.reaped - x.wqeReturned) + wqeC; got != x.wqes {
+			return fmt.Errorf("%s: WQE credit leaked or duplicated: %d credit + %d in flight + %d owed + %d returning = %d, want %d",
+				dir, s.credit(), inflight, x.reaped-x.wqeReturned, wqeC, got, x.wqes)
+		}
+		if x.returned != s.granted+ringC {
+			return fmt.Errorf("%s: ring credit leaked: receiver returned up to %d, sender knows %d + %d returning", dir, x.returned, s.granted, ringC)
+		}
+		if !(x.returned <= x.consumed && x.consumed <= x.arrived && x.returned%(1<<x.unitShift) == 0) {
+			return fmt.Errorf("%s: cursors out of order: returned %d, consumed %d, arrived %d", dir, x.returned, x.consumed, x.arrived)
+		}
+		if s.prod-s.granted > x.ring {
+			return fmt.Errorf("%s: %d bytes outstanding in a ring of %d", dir, s.prod-s.granted, x.ring)
+		}
+		if rcvr.read != x.consumed {
+			return fmt.Errorf("%s: application read %d, consumer cursor %d", dir, rcvr.read, x.consumed)
+		}
+		occ := 0
+		for _, o := range rcvr.occ {
+			if o {
+				occ++
+			}
+		}
+		if uint64(occ) != s.prod-x.consumed {
+			return fmt.Errorf("%s: %d ring bytes hold data, want %d", dir, occ, s.prod-x.consumed)
+		}
+	}
+	return nil
+}
+
+// done reports why m, where nothing can happen any more, is not a finished exchange.
+func (m *model) done() error {
+	for i := range 2 {
+		s, peer := &m.side[i], &m.side[1-i]
+		switch {
+		case s.toWrite != 0:
+			return fmt.Errorf("deadlock: side %d has %d bytes it cannot write (credit %d, free %d)", i, s.toWrite, s.ep.credit(), s.ep.free())
+		case peer.read != s.written:
+			return fmt.Errorf("deadlock: side %d read %d of %d bytes", 1-i, peer.read, s.written)
+		case s.close && !peer.finIn:
+			return fmt.Errorf("deadlock: side %d's FIN never arrived (pending %v, credit %d)", i, s.ep.FINPending(), s.ep.credit())
+		case len(s.cq) != 0:
+			return fmt.Errorf("messages left in flight at side %d", i)
+		}
+	}
+	return nil
+}
+
+// key identifies m's state for the exhaustive search: everything that decides what can
+// happen next. Statistics are left out, and ring contents follow from the cursors.
+func (m *model) key(h *maphash.Hash, b []byte) (uint64, []byte) {
+	b = b[:0]
+	for i := range 2 {
+		s := &m.side[i]
+		e := &s.ep
+		b = appendKey(b, e.prod, e.granted, e.sent, e.wqeLimit, e.arrived, e.consumed, e.returned, e.reaped, e.wqeReturned,
+			s.toWrite, uint64(s.keepalives), uint64(len(s.cq)))
+		b = append(b, flags(e.finRequested, e.finSent, e.peerFIN, s.closed, s.finIn))
+		for _, msg := range s.cq {
+			b = appendKey(b, uint64(msg.off), uint64(msg.n), uint64(msg.imm))
+		}
+	}
+	h.Reset()
+	h.Write(b)
+	return h.Sum64(), b
+}
+
+func appendKey(b []byte, vs ...uint64) []byte {
+	for _, v := range vs {
+		b = append(b, byte(v), byte(v>>8), byte(v>>16), byte(v>>24), byte(v>>32))
+	}
+	return b
+}
+
+func flags(fs ...bool) byte {
+	var f byte
+	for i, v := range fs {
+		if v {
+			f |= 1 << i
+		}
+	}
+	return f
+}
+
+// exploreResult summarizes an exhaustive search.
+type exploreResult struct {
+	states    int // distinct states visited
+	terminal  int // states where nothing can happen
+	maxDepth  int
+	ctrlSent  uint64 // most control messages on any path explored
+	truncated bool
+}
+
+// explore visits every state reachable from cfg's start, checking invariants after each
+// step and completion in every terminal state. States are told apart by a 64-bit hash
+// of everything that decides what can happen next. It fails if a path is longer than
+// maxDepth: with finitely much data, only a livelock (say, credit updates answering
+// credit updates) makes paths long.
+func explore(cfg *modelConfig, maxDepth, maxStates int) (exploreResult, error) {
+	var res exploreResult
+	seen := make(map[uint64]struct{})
+	var h maphash.Hash
+	var buf []byte
+	var path []action
+	trace := func() string {
+		var sb strings.Builder
+		for _, a := range path {
+			sb.WriteString(a.String())
+			sb.WriteByte(' ')
+		}
+		return sb.String()
+	}
+	var visit func(m *model, depth int) error
+	visit = func(m *model, depth int) error {
+		var k uint64
+		k, buf = m.key(&h, buf)
+		if _, ok := seen[k]; ok {
+			return nil
+		}
+		seen[k] = struct{}{}
+		res.states++
+		res.maxDepth = max(res.maxDepth, depth)
+		if res.states > maxStates {
+			res.truncated = true
+			return nil
+		}
+		if depth > maxDepth {
+			return fmt.Errorf("livelock: a path is longer than %d steps: %s", maxDepth, trace())
+		}
+		acts := m.actions(nil)
+		if len(acts) == 0 {
+			res.terminal++
+			res.ctrlSent = max(res.ctrlSent, m.side[0].ep.stats.ControlSent+m.side[1].ep.stats.ControlSent)
+			if err := m.done(); err != nil {
+				return fmt.Errorf("%w\npath: %s", err, trace())
+			}
+			return nil
+		}
+		// Every size of every write (up to maxWrite) and read.
+		for i := 0; i < len(acts); i++ {
+			a := acts[i]
+			if a.kind == actWrite && cfg.maxWrite > 0 && a.n > cfg.maxWrite {
+				a.n = cfg.maxWrite
+			}
+			if (a.kind == actWrite || a.kind == actRead) && a.n > 1 {
+				acts = append(acts, action{a.kind, a.side, a.n - 1})
+			}
+			next := m.clone()
+			path = append(path, a)
+			if err := next.step(a); err != nil {
+				return fmt.Errorf("%w\npath: %s", err, trace())
+			}
+			if err := next.check(); err != nil {
+				return fmt.Errorf("after %v: %w\npath: %s", a, err, trace())
+			}
+			if err := visit(next, depth+1); err != nil {
+				return err
+			}
+			path = path[:len(path)-1]
+		}
+		return nil
+	}
+	err := visit(newModel(cfg), 0)
+	return res, err
+}
+
+// exhaustiveConfigs are small enough to search completely in seconds, and between them
+// exercise wrap-around, writes split at the ring's end, the minimum WQE count, FIN
+// waiting for credit, asymmetric sides, multi-byte ring units, credit that does not fit
+// one immediate and keepalives. Paths through them run from 30 to 50 steps.
+func exhaustiveConfigs() []*modelConfig {
+	cfgs := []*modelConfig{
+		{name: "both ways, 2-byte rings, FIN right after the last write", ring: [2]int{2, 2}, wqes: [2]int{4, 4},
+			total: [2]uint64{3, 3}, close: [2]bool{true, true}, eagerClose: true, maxWrite: 2},
+		{name: "both ways, 2-byte rings, CloseWrite at any time after", ring: [2]int{2, 2}, wqes: [2]int{4, 4},
+			total: [2]uint64{2, 2}, close: [2]bool{true, true}, maxWrite: 2},
+		{name: "both ways, 4-byte rings, writes up to 3 bytes", ring: [2]int{4, 4}, wqes: [2]int{4, 4},
+			total: [2]uint64{5, 1}, close: [2]bool{true, true}, eagerClose: true, maxWrite: 3},
+		{name: "one way, small immediates, keepalive", ring: [2]int{4, 2}, wqes: [2]int{5, 4},
+			total: [2]uint64{0, 5}, close: [2]bool{false, true}, keepalives: 1, maxWrite: 3,
+			tweak: func(p *policy) { p.maxWQE, p.maxRing = p.wqeUpdate, 1 }},
+		{name: "both ways, 2-byte ring units", ring: [2]int{8, 8}, wqes: [2]int{4, 4}, unitShift: [2]uint{1, 1},
+			total: [2]uint64{6, 2}, close: [2]bool{true, false}, maxWrite: 3},
+	}
+	if *deep {
+		cfgs = append(cfgs,
+			&modelConfig{name: "deep: both ways, 4-byte rings, FIN", ring: [2]int{4, 4}, wqes: [2]int{4, 4},
+				total: [2]uint64{5, 4}, close: [2]bool{true, true}, maxWrite: 3},
+			&modelConfig{name: "deep: both ways, 5 and 4 WQEs, keepalives", ring: [2]int{4, 4}, wqes: [2]int{5, 4},
+				total: [2]uint64{4, 3}, keepalives: 1, maxWrite: 4},
+			&modelConfig{name: "deep: asymmetric, small immediates", ring: [2]int{4, 16}, wqes: [2]int{4, 7}, unitShift: [2]uint{0, 2},
+				total: [2]uint64{6, 3}, close: [2]bool{true, true}, eagerClose: true, maxWrite: 6,
+				tweak: func(p *policy) { p.maxWQE, p.maxRing = p.wqeUpdate, 1 }},
+		)
+	}
+	return cfgs
+}
+
+func TestModelExhaustive(t *testing.T) {
+	maxStates := 1_000_000
+	if *deep {
+		maxStates = 15_000_000
+	}
+	for _, cfg := range exhaustiveConfigs() {
+		t.Run(cfg.name, func(t *testing.T) {
+			res, err := explore(cfg, 300, maxStates)
+			require.NoError(t, err)
+			require.False(t, res.truncated, "state space larger than %d states", maxStates)
+			require.Positive(t, res.terminal)
+			t.Logf("%d states, %d terminal, longest path %d, at most %d control messages", res.states, res.terminal, res.maxDepth, res.ctrlSent)
+		})
+	}
+}
+
+// TestModelFindsBrokenRules shows the search is strong enough to matter: with a rule of
+// the protocol broken, it finds the deadlock or livelock the rule prevents.
+func TestModelFindsBrokenRules(t *testing.T) {
+	base := modelConfig{ring: [2]int{4, 4}, wqes: [2]int{4, 4}, total: [2]uint64{5, 5}, maxWrite: 1}
+	tests := []struct {
+		name  string
+		tweak func(p *policy)
+		want  string
+	}{
+		// Both sides fill each other's receive queues with data and have no credit
+		// left to say they have re-posted the WQEs.
+		{"data may take the last WQE credit", func(p *policy) { p.reserve = 0 }, "deadlock"},
+		// Each update costs the peer a WQE, which it then owes back at once.
+		{"an update for a single WQE", func(p *policy) { p.wqeUpdate = 1 }, "livelock"},
+		// Same, when the update may carry back only one of the two credits that made it due.
+		{"an update smaller than its trigger", func(p *policy) { p.maxWQE = 1 }, "livelock"},
+		// A sender blocked on a full ring is owed exactly one ring.
+		{"ring update only past a full ring", func(p *policy) { p.ringUpdate = 2 * 4 }, "deadlock"},
+		// A sender blocked on WQEs may be owed only W minus the reserve.
+		{"WQE update above W minus the reserve", func(p *policy) { p.wqeUpdate = 3 }, "deadlock"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := base
+			cfg.name, cfg.tweak = tt.name, tt.tweak
+			_, err := explore(&cfg, 200, 1_000_000)
+			require.Error(t, err, "the search found nothing wrong")
+			require.Contains(t, err.Error(), tt.want)
+			t.Log(firstLine(err.Error()))
+		})
+	}
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}
+
+// runRandom drives m with random steps: a workload phase in which applications pause
+// and resume reading, then a drain in which every enabled step eventually happens. It
+// returns the number of steps taken.
+func runRandom(m *model, rng *rand.Rand, steps int) (int, error) {
+	var acts []action
+	n := 0
+	pick := func(pauses bool) (bool, error) {
+		if pauses && rng.IntN(50) == 0 {
+			s := &m.side[rng.IntN(2)]
+			s.paused = !s.paused
+		}
+		acts = m.actions(acts[:0])
+		if len(acts) == 0 {
+			return false, nil
+		}
+		a := acts[rng.IntN(len(acts))]
+		if (a.kind == actWrite || a.kind == actRead) && rng.IntN(3) != 0 {
+			// Often whole writes and read-everything readers, else any size.
+			a.n = 1 + rng.IntN(a.n)
+		}
+		n++
+		if err := m.step(a); err != nil {
+			return false, err
+		}
+		if err := m.check(); err != nil {
+			return false, fmt.Errorf("after %v: %w", a, err)
+		}
+		return true, nil
+	}
+	for range steps {
+		if ok, err := pick(true); err != nil || !ok {
+			if err == nil {
+				// Stuck while a reader is paused is expected; resume and go on.
+				if m.side[0].paused || m.side[1].paused {
+					m.side[0].paused, m.side[1].paused = false, false
+					continue
+				}
+				return n, m.done()
+			}
+			return n, err
+		}
+	}
+	m.side[0].paused, m.side[1].paused = false, false
+	limit := n + 1_000_000
+	for n < limit {
+		ok, err := pick(false)
+		if err != nil {
+			return n, err
+		}
+		if !ok {
+			return n, m.done()
+		}
+	}
+	return n, errors.New("livelock: the drain never ends")
+}
+
+// randomConfig draws a configuration: tiny rings that wrap constantly, rings as small as
+// the engine's, WQE counts from the minimum up, ring units above a byte, and immediates
+// too small for the owed credit.
+func randomConfig(rng *rand.Rand) *modelConfig {
+	cfg := &modelConfig{name: "random", keepalives: rng.IntN(4)}
+	for i := range 2 {
+		cfg.ring[i] = 1 << (2 + rng.IntN(11)) // 4 B to 4 KiB
+		cfg.wqes[i] = MinRecvWQEs + rng.IntN(20)
+		if rng.IntN(3) == 0 {
+			cfg.unitShift[i] = uint(rng.IntN(3))
+		}
+		cfg.total[i] = uint64(rng.IntN(1 + 8*cfg.ring[i]))
+		cfg.close[i] = rng.IntN(2) == 0
+	}
+	if rng.IntN(4) == 0 {
+		cfg.total[rng.IntN(2)] = 0 // one way
+	}
+	if rng.IntN(3) == 0 {
+		// Immediates that hold little: owed credit is carried over several messages. An
+		// update must still return the WQE credit that made it due, or updates would
+		// answer updates forever (see TestModelFindsBrokenRules).
+		extra, maxRing := uint64(rng.IntN(3)), uint64(1+rng.IntN(5))
+		cfg.tweak = func(p *policy) { p.maxWQE, p.maxRing = p.wqeUpdate+extra, maxRing }
+	}
+	return cfg
+}
+
+func TestModelRandom(t *testing.T) {
+	runs, steps := 150, 3000
+	if *deep {
+		runs, steps = 5000, 20000
+	}
+	total := 0
+	for run := range runs {
+		seed := uint64(run)
+		rng := rand.New(rand.NewPCG(seed, 0x5eed))
+		cfg := randomConfig(rng)
+		n, err := runRandom(newModel(cfg), rng, steps)
+		require.NoError(t, err, "seed %d, config %+v", seed, *cfg)
+		total += n
+	}
+	t.Logf("%d runs, %d steps", runs, total)
+}
+
+// TestModelCreditRatio runs a steady one-way stream and bounds the credit-only messages
+// it costs. The receiver sends a standalone update after every wqeUpdate messages or
+// ringUpdate consumed bytes, whichever comes first, so per data message there are at
+// most 1/wqeUpdate + size/ringUpdate updates. The sender never needs one: its data
+// carries the credit for the updates.
+func TestModelCreditRatio(t *testing.T) {
+	tests := []struct {
+		ring, wqes, size int
+	}{
+		{MinRingSize, 64, 64},
+		{MinRingSize, 64, 512},
+		{MinRingSize, 64, 4096},
+		{128 << 10, 256, 64},
+		{128 << 10, 256, 1024},
+		{128 << 10, 256, 16 << 10},
+	}
+	for _, tt := range tests {
+		cfg := &modelConfig{name: "ratio", ring: [2]int{tt.ring, tt.ring}, wqes: [2]int{tt.wqes, tt.wqes}}
+		m := newModel(cfg)
+		rng := rand.New(rand.NewPCG(uint64(tt.size), uint64(tt.ring)))
+		// Stream 16 rings' worth of writes of tt.size bytes, with landing, reaping and
+		// reading interleaved at random.
+		m.side[0].toWrite = uint64(16 * tt.ring)
+		var acts []action
+		for {
+			acts = m.actions(acts[:0])
+			if len(acts) == 0 {
+				break
+			}
+			a := acts[rng.IntN(len(acts))]
+			switch a.kind {
+			case actWrite:
+				a.n = min(a.n, tt.size)
+			}
+			require.NoError(t, m.step(a))
+		}
+		require.NoError(t, m.done())
+		rx, tx := m.side[1].ep.stats, m.side[0].ep.stats
+		data := tx.DataSent
+		updates := rx.ControlSent + tx.ControlSent
+		x := &m.side[1].ep
+		bound := float64(data)/float64(x.pol.wqeUpdate) + float64(m.side[0].written)/float64(x.pol.ringUpdate) + 1
+		ratio := float64(updates) / float64(data)
+		t.Logf("ring %d, %d WQEs, writes of %d: %d data messages, %d credit-only (%d from the sender): ratio %.4f, bound %.4f",
+			tt.ring, tt.wqes, tt.size, data, updates, tx.ControlSent, ratio, bound/float64(data))
+		if float64(updates) > bound {
+			t.Errorf("ring %d, %d WQEs, writes of %d: %d credit-only messages for %d data messages, want at most %.1f", tt.ring, tt.wqes, tt.size, updates, data, bound)
+		}
+	}
+}

@@ -1,0 +1,137 @@
+package flowctl
+
+import "fmt"
+
+// Arrival describes a message OnArrival accepted.
+type Arrival struct {
+	Kind Kind
+	// Piece is where a data message's bytes landed in our ring; zero for other kinds.
+	Piece
+	// Credited reports that the message returned send credit: writers waiting for
+	// credit, and a pending FIN, may now proceed.
+	Credited bool
+}
+
+// OnArrival accounts for one receive completion from the peer: byteLen and imm are the
+// completion's byte length and immediate. The caller must have re-posted a receive WQE
+// in place of the one this completion consumed before it calls OnArrival, because from
+// now on that WQE may be returned to the peer as credit. Completions must be passed in
+// the order they were polled.
+//
+// A data message's bytes are now readable (see Unread). Credit the message carries is
+// applied to the send half. Any error is a protocol violation by the peer, wrapping one
+// of ErrMalformed, ErrRingOverrun, ErrWQEOverrun, ErrCreditOverflow or ErrAfterFIN; the
+// Endpoint then stays failed and the connection should be closed with that error.
+func (e *Endpoint) OnArrival(byteLen, imm uint32) (Arrival, error) {
+	if e.err != nil {
+		return Arrival{}, e.err
+	}
+	m, err := DecodeImm(imm, byteLen)
+	if err != nil {
+		return e.fail(err)
+	}
+	if e.reaped-e.wqeReturned >= e.wqes {
+		return e.fail(fmt.Errorf("%w: message %d with %d WQEs granted", ErrWQEOverrun, e.reaped+1, e.wqes+e.wqeReturned))
+	}
+	n := uint64(byteLen)
+	switch m.Kind {
+	case KindData:
+		if e.peerFIN {
+			return e.fail(fmt.Errorf("%w: %d bytes of data", ErrAfterFIN, n))
+		}
+		if room := e.returned + e.ring - e.arrived; n > room {
+			return e.fail(fmt.Errorf("%w: %d bytes at cursor %d, %d granted", ErrRingOverrun, n, e.arrived, room))
+		}
+	case KindFIN:
+		if e.peerFIN {
+			return e.fail(fmt.Errorf("%w: second FIN", ErrAfterFIN))
+		}
+	}
+	w := uint64(m.WQECredits)
+	if used := e.sent - (e.wqeLimit - e.peerWQEs); w > used {
+		return e.fail(fmt.Errorf("%w: %d WQE credits returned, %d outstanding", ErrCreditOverflow, w, used))
+	}
+	r := uint64(m.RingCredits) << e.peerUnitShift
+	if used := e.prod - e.granted; r > used {
+		return e.fail(fmt.Errorf("%w: %d ring bytes returned, %d outstanding", ErrCreditOverflow, r, used))
+	}
+
+	e.reaped++
+	e.wqeLimit += w
+	e.granted += r
+	a := Arrival{Kind: m.Kind, Credited: w != 0 || r != 0}
+	switch m.Kind {
+	case KindData:
+		a.Piece = Piece{Off: int(e.arrived & (e.ring - 1)), Len: int(n)}
+		e.arrived += n
+		e.stats.DataReceived++
+		return a, nil
+	case KindFIN:
+		e.peerFIN = true
+	}
+	e.stats.ControlReceived++
+	return a, nil
+}
+
+// Buffered is how many bytes have arrived and not been consumed.
+func (e *Endpoint) Buffered() int { return int(e.arrived - e.consumed) }
+
+// Unread returns the buffered bytes as up to two ranges of our ring, in stream order;
+// second is empty unless the bytes wrap around the ring's end. The bytes stay put until
+// Consume releases them, so the caller may copy them out without holding its lock.
+func (e *Endpoint) Unread() (first, second Piece) {
+	n := e.arrived - e.consumed
+	if n == 0 {
+		return Piece{}, Piece{}
+	}
+	off := e.consumed & (e.ring - 1)
+	l := min(n, e.ring-off)
+	first = Piece{Off: int(off), Len: int(l)}
+	if l < n {
+		second = Piece{Len: int(n - l)}
+	}
+	return first, second
+}
+
+// Consume releases the first n buffered bytes, which the application has read, so that
+// the peer may write over them once the credit reaches it. Call NextControl afterwards:
+// an update may be due. Consume fails with [ErrBadLength] if n is negative or more than
+// is buffered.
+func (e *Endpoint) Consume(n int) error {
+	if n < 0 || uint64(n) > e.arrived-e.consumed {
+		return fmt.Errorf("%w: Consume(%d) with %d bytes buffered", ErrBadLength, n, e.arrived-e.consumed)
+	}
+	e.consumed += uint64(n)
+	return nil
+}
+
+// PeerClosed reports whether the peer's FIN has arrived. All its data arrived before
+// it, so once Buffered is zero as well the stream is at its end (io.EOF).
+func (e *Endpoint) PeerClosed() bool { return e.peerFIN }
+
+// updateDue reports whether this side owes the peer enough credit to send a standalone
+// update: half its receive WQEs, or (while the peer may still send data) half its ring.
+// Both thresholds matter for progress: a peer that is out of either kind of credit is
+// owed at least the threshold (see the package docs).
+func (e *Endpoint) updateDue() bool {
+	return e.reaped-e.wqeReturned >= e.pol.wqeUpdate ||
+		(!e.peerFIN && e.returnable() >= e.pol.ringUpdate)
+}
+
+// returnable is how much ring credit this side may return now: the bytes consumed since
+// the last return, rounded down to whole units.
+func (e *Endpoint) returnable() uint64 {
+	return (e.consumed &^ (1<<e.unitShift - 1)) - e.returned
+}
+
+// takeCredit builds the immediate of an outgoing message of the given kind, carrying as
+// much of the owed credit as fits; the rest waits for a later message. Counting credit as
+// returned here, before the message is posted, is safe: the peer cannot use it before
+// the message arrives, and the caller posts every message it is handed.
+func (e *Endpoint) takeCredit(kind Kind) uint32 {
+	w := min(e.reaped-e.wqeReturned, e.pol.maxWQE)
+	u := min(e.returnable()>>e.unitShift, e.pol.maxRing)
+	e.wqeReturned += w
+	e.returned += u << e.unitShift
+	return Imm{Kind: kind, WQECredits: uint32(w), RingCredits: uint32(u)}.pack()
+}

@@ -1,0 +1,163 @@
+package rsock
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/bits"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/rsockio/rsock/verbs"
+)
+
+// Fallback selects the transport a connection starts on and stays on without RDMA.
+type Fallback int
+
+const (
+	// FallbackTCP runs connections over TCP. It is the default.
+	FallbackTCP Fallback = iota
+	// FallbackQUIC runs connections over QUIC (one stream per connection), which needs
+	// [Config.TLSConfig]. A Listener with FallbackQUIC serves TCP clients too.
+	FallbackQUIC
+)
+
+func (f Fallback) String() string {
+	switch f {
+	case FallbackTCP:
+		return "tcp"
+	case FallbackQUIC:
+		return "quic"
+	}
+	return fmt.Sprintf("Fallback(%d)", int(f))
+}
+
+// Transport names, as [Conn.Transport] reports them.
+const (
+	TransportRDMA = "rdma"
+	TransportTCP  = "tcp"
+	TransportQUIC = "quic"
+)
+
+// Defaults of [Config] fields left zero.
+const (
+	DefaultHandshakeTimeout        = 10 * time.Second
+	DefaultMaxConcurrentHandshakes = 128
+	DefaultKeepAlive               = 15 * time.Second
+	DefaultPlainSniffTimeout       = 200 * time.Millisecond
+)
+
+// Config configures Listen, Dial and Dialer. A nil *Config, and each zero field, means
+// the default. A Config may be shared by many Listeners and Dialers; it must not be
+// modified while they use it.
+type Config struct {
+	// Provider is the RDMA provider. Nil selects the default provider; this build has
+	// none, so connections fall back with [ErrNoProvider] unless one is set here.
+	// Tests set the software provider (verbs/soft) here.
+	Provider verbs.Provider
+
+	// Fallback is the transport connections start on, and stay on without RDMA.
+	// Default FallbackTCP.
+	Fallback Fallback
+	// TLSConfig is required with FallbackQUIC and unused otherwise. A Listener needs a
+	// certificate in it; a dialer verifies the server with it. If it names no
+	// application protocol (NextProtos), "rsock" is used. It is cloned, never modified.
+	TLSConfig *tls.Config
+	// QUICConfig tunes quic-go with FallbackQUIC; nil means quic-go's defaults. rsock
+	// overrides its stream limits (see package fallback).
+	QUICConfig *quic.Config
+
+	// HandshakeTimeout bounds the hello exchange (and, on a Listener, the wait for a
+	// QUIC client's stream). A connection whose handshake overruns it is closed.
+	// Default DefaultHandshakeTimeout.
+	HandshakeTimeout time.Duration
+	// MaxConcurrentHandshakes bounds how many accepted connections a Listener holds
+	// that are in their handshake or waiting for Accept. Beyond it, new connections wait
+	// in the kernel's backlog (or quic-go's queue). Default
+	// DefaultMaxConcurrentHandshakes.
+	MaxConcurrentHandshakes int
+	// KeepAlive is the keep-alive period of the bootstrap connection: TCP keep-alive,
+	// or QUIC keep-alive packets (unless QUICConfig sets a period). Negative disables
+	// it. Default DefaultKeepAlive.
+	KeepAlive time.Duration
+
+	// AcceptPlainClients lets a Listener serve clients that send no rsock hello: it
+	// tells them apart by their first bytes and hands them to Accept untouched, as
+	// TCP connections whose [Conn.FallbackReason] matches [ErrPlainClient].
+	//
+	// The cost: a client that waits for the server to speak first (SMTP, MySQL, ...)
+	// is only recognized as plain when PlainSniffTimeout passes without it sending
+	// anything, so the server's first bytes reach it that much later. A plain client
+	// whose first four bytes happen to be the hello's magic (0x89 'R' 'S' 'K') is taken
+	// for an rsock client and fails its handshake. QUIC clients are always rsock's.
+	AcceptPlainClients bool
+	// PlainSniffTimeout is how long a Listener with AcceptPlainClients waits for a
+	// client's first bytes before handing it through as plain. Default
+	// DefaultPlainSniffTimeout.
+	PlainSniffTimeout time.Duration
+
+	// Logger receives a Listener's reports of failed handshakes and accept errors.
+	// Nil discards them.
+	Logger *slog.Logger
+
+	// The fields below are used only on the RDMA transport. Zero selects the RDMA
+	// engine's default.
+
+	// RingSize is the size in bytes of each connection's receive ring, into which the
+	// peer writes: a power of two from 4 KiB to 1 GiB.
+	RingSize int
+	// SendBufferSize is the size in bytes of each connection's registered send staging
+	// buffer.
+	SendBufferSize int
+	// RecvWQEs is the number of receive work requests each connection keeps posted;
+	// it is the peer's initial work-request credit.
+	RecvWQEs int
+	// MaxRDMAConns, if positive, caps the RDMA connections open at once on each RDMA
+	// device of the process (the count is per device, shared by every Config that uses
+	// it). Connections beyond it fall back, with a reason matching
+	// [ErrResourcesExhausted].
+	MaxRDMAConns int
+	// PollSpin is how many empty completion-queue polls the engine makes, yielding
+	// between them, before it sleeps on the completion channel. Negative never spins.
+	PollSpin int
+}
+
+// resolve returns a copy of c (nil for defaults) with defaults filled in, or an error if
+// c is invalid.
+func (c *Config) resolve() (*Config, error) {
+	r := &Config{}
+	if c != nil {
+		*r = *c
+	}
+	def := func(v *time.Duration, d time.Duration) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&r.HandshakeTimeout, DefaultHandshakeTimeout)
+	def(&r.KeepAlive, DefaultKeepAlive)
+	def(&r.PlainSniffTimeout, DefaultPlainSniffTimeout)
+	if r.MaxConcurrentHandshakes == 0 {
+		r.MaxConcurrentHandshakes = DefaultMaxConcurrentHandshakes
+	}
+	if r.Logger == nil {
+		r.Logger = slog.New(slog.DiscardHandler)
+	}
+	switch {
+	case r.Fallback != FallbackTCP && r.Fallback != FallbackQUIC:
+		return nil, fmt.Errorf("unknown fallback transport %v", r.Fallback)
+	case r.Fallback == FallbackQUIC && r.TLSConfig == nil:
+		return nil, errors.New("the QUIC fallback needs Config.TLSConfig")
+	case r.HandshakeTimeout < 0 || r.PlainSniffTimeout < 0:
+		return nil, errors.New("negative timeout")
+	case r.MaxConcurrentHandshakes < 0:
+		return nil, fmt.Errorf("negative MaxConcurrentHandshakes %d", r.MaxConcurrentHandshakes)
+	case r.RingSize != 0 && (r.RingSize < 1<<minRingLog2 || r.RingSize > 1<<maxRingLog2 || bits.OnesCount(uint(r.RingSize)) != 1):
+		return nil, fmt.Errorf("RingSize %d is not a power of two from 4 KiB to 1 GiB", r.RingSize)
+	case r.SendBufferSize < 0 || r.RecvWQEs < 0:
+		return nil, errors.New("negative RDMA buffer size")
+	}
+	return r, nil
+}

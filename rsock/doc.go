@@ -1,0 +1,89 @@
+// Package rsock provides a [net.Conn] and a [net.Listener] whose bytes move over RDMA
+// reliable-connected queue pairs when both ends have an RDMA device, and over TCP or
+// QUIC when they do not. Programs written against net.Conn (net/http, grpc-go, ...) run
+// unmodified.
+//
+// # Usage
+//
+// A server swaps net.Listen for [Listen]; a client swaps its dialer for a [Dialer]:
+//
+//	ln, err := rsock.Listen("tcp", ":7000", cfg) // *rsock.Listener, a net.Listener
+//	go http.Serve(ln, handler)
+//
+//	d := &rsock.Dialer{Config: cfg}          // d.DialContext fits http.Transport.DialContext
+//	c, err := d.DialContext(ctx, "tcp", "host:7000")
+//
+// cfg is a [*Config], nil for the defaults. Network names are net's: "tcp", "tcp4" and
+// "tcp6". Every connection reports what carries it and why that is not RDMA:
+//
+//	rc := c.(*rsock.Conn)
+//	rc.Transport()      // "rdma", "tcp" or "quic"
+//	rc.FallbackReason() // nil on RDMA; else e.g. "rsock: upgrade to rdma: peer declined: no RDMA device"
+//
+// # Connection life cycle
+//
+// Every connection starts on its fallback transport, [FallbackTCP] by default or
+// [FallbackQUIC], to the address given. The first message in each direction is the
+// hello: the client offers RDMA (its device, queue pair and receive ring) or says it
+// offers none; the server answers with its own offer or declines, giving a reason. On
+// an upgrade, the bytes then move over RDMA and the bootstrap connection stays open as
+// the control channel. Otherwise the bootstrap connection carries the bytes.
+//
+// A client that offers no RDMA sends its hello and returns from Dial at once, and may
+// write right away: a fallback connection costs no round trip over plain TCP. The
+// server's answer is consumed by the client's first Read. If the peer is not an rsock
+// server, that Read fails with an error matching [ErrNotRsockPeer].
+//
+// On TCP, a Conn's Read and Write call the [net.TCPConn] directly, and io.Copy to or
+// from a Conn keeps the kernel's splice and sendfile paths.
+//
+// # Fallback reasons and errors
+//
+// [Conn.FallbackReason] returns a [*FallbackError] that matches, with [errors.Is], one
+// of [ErrNoProvider], [ErrNoDevice], [ErrPeerOfferedNone], [ErrVersionMismatch],
+// [ErrResourcesExhausted], [ErrMTUMismatch], [ErrNoRoute], [ErrRDMAUnavailable],
+// [ErrUpgradeFailed] or [ErrPlainClient], and also [ErrPeerDeclined] when the reason is
+// the peer's. These are not errors of the connection, which works. A handshake that
+// fails (garbage, a truncated or oversized hello, an answer of an unknown version, a
+// peer that does not speak rsock) fails the connection with an error matching
+// [ErrBadHello], [ErrVersionMismatch] or [ErrNotRsockPeer].
+//
+// # Listening
+//
+// A [Listener] runs the handshakes of new connections concurrently: a slow client, or
+// one that sends garbage, costs only its own connection, which is closed when its
+// handshake fails or outlasts [Config.HandshakeTimeout] and is reported to
+// [Config.Logger]. Accept is never blocked by it. With [FallbackQUIC], a Listener
+// serves QUIC on UDP and TCP on the same port number; [Listener.Addr] is the TCP one.
+//
+// With [Config.AcceptPlainClients], a Listener also serves clients that speak no
+// rsock: it tells them apart by their first bytes and hands them through untouched.
+// A plain client that waits for the server to speak first is recognized only after
+// [Config.PlainSniffTimeout] (200 ms by default) without a byte from it, and so hears
+// from the server that much later.
+//
+// # The hello on the wire
+//
+// All integers are big-endian. Each hello is an 8-byte header and a body of at most
+// 504 bytes:
+//
+//	magic 0x89 'R' 'S' 'K' (4) | version (1) | kind (1) | body length (2) | body
+//
+// The header is the same in every version, so that any version can frame and skip
+// another's. Kind 1 is the client's offer, 2 the server's accept, 3 its decline. In
+// version 1, an offer's or accept's body is a 32-bit capability set, whose bit 0 says
+// an RDMA endpoint follows (an accept always has it):
+//
+//	GID (16) | LID (2) | MTU (1) | ring size log2 (1) | QPN (4) | first PSN (4) |
+//	ring rkey (4) | ring address (8) | receive WQEs (4) | max inline (4)
+//
+// QPN and PSN are 24-bit numbers; the MTU is numbered as in package verbs (1 = 256
+// bytes to 5 = 4096); the receive ring is a power of two from 4 KiB to 1 GiB; the
+// receive WQEs are the peer's initial work-request credit. A decline's body is one byte,
+// its reason: 1 no provider, 2 no device, 3 peer offered none, 4 version mismatch,
+// 5 resources exhausted, 6 MTU mismatch, 7 no route, 8 engine unavailable, 9 upgrade
+// failed. A body longer than its kind needs is accepted and the rest ignored (fields are
+// appended within a version). A server that receives another version's offer declines
+// it, in its own version, with reason 4, and both sides stay on the bootstrap
+// connection. hello.go draws the format bit by bit.
+package rsock

@@ -1,0 +1,70 @@
+package rsock
+
+import "errors"
+
+// Why a connection does not use RDMA. A [Conn]'s [Conn.FallbackReason] is a
+// [*FallbackError] that matches one of these with [errors.Is]. None of them is an
+// error to the application: the connection works, on its fallback transport.
+var (
+	// ErrNoProvider: no RDMA provider is configured or usable on this side.
+	ErrNoProvider = errors.New("no RDMA provider")
+	// ErrNoDevice: the provider has no RDMA device for the connection's address.
+	ErrNoDevice = errors.New("no RDMA device")
+	// ErrPeerOfferedNone: the peer's hello offered no RDMA.
+	ErrPeerOfferedNone = errors.New("peer offered no RDMA")
+	// ErrVersionMismatch: the peer speaks another version of the hello. The
+	// connection stays on its bootstrap transport. A peer whose answer cannot be
+	// understood because of its version fails the connection with this error.
+	ErrVersionMismatch = errors.New("hello version mismatch")
+	// ErrResourcesExhausted: queue pairs, memory registrations or other RDMA resources
+	// ran out.
+	ErrResourcesExhausted = errors.New("RDMA resources exhausted")
+	// ErrMTUMismatch: the two ports' MTUs cannot be reconciled.
+	ErrMTUMismatch = errors.New("RDMA path MTU mismatch")
+	// ErrNoRoute: the peer's RDMA port is not reachable from this side's.
+	ErrNoRoute = errors.New("no RDMA route to peer")
+	// ErrRDMAUnavailable: this build has no RDMA stream engine.
+	ErrRDMAUnavailable = errors.New("rdma engine not available")
+	// ErrUpgradeFailed: the upgrade failed for another reason (an internal error).
+	ErrUpgradeFailed = errors.New("rdma upgrade failed")
+	// ErrPeerDeclined: the peer declined the upgrade. A [*FallbackError] with Peer set
+	// matches it together with the reason the peer gave.
+	ErrPeerDeclined = errors.New("peer declined")
+	// ErrPlainClient: the client spoke no rsock hello and was handed through as a plain
+	// connection (see [Config.AcceptPlainClients]).
+	ErrPlainClient = errors.New("plain client without rsock hello")
+)
+
+// Errors of a failed handshake. They fail the connection (not just the upgrade).
+var (
+	// ErrNotRsockPeer: the peer does not speak rsock. A client learns this on its first
+	// Read; a Listener logs it and closes the connection.
+	ErrNotRsockPeer = errors.New("peer does not speak rsock")
+	// ErrBadHello: the peer's hello is malformed, truncated or oversized.
+	ErrBadHello = errors.New("malformed hello")
+)
+
+// FallbackError says why a connection does not run over RDMA. Its text reads like
+// "rsock: upgrade to rdma: peer declined: no RDMA device".
+type FallbackError struct {
+	// Peer reports that the peer declined the upgrade; Err is then the reason it gave.
+	// Otherwise this side decided, for the reason Err.
+	Peer bool
+	// Err matches one of the sentinel errors above with errors.Is, and may add detail.
+	Err error
+}
+
+func (e *FallbackError) Error() string {
+	if e.Peer {
+		return "rsock: upgrade to rdma: peer declined: " + e.Err.Error()
+	}
+	return "rsock: upgrade to rdma: " + e.Err.Error()
+}
+
+// Unwrap returns Err, and [ErrPeerDeclined] when the peer declined.
+func (e *FallbackError) Unwrap() []error {
+	if e.Peer {
+		return []error{ErrPeerDeclined, e.Err}
+	}
+	return []error{e.Err}
+}

@@ -1,0 +1,510 @@
+package rsock
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rsockio/rsock/fallback"
+)
+
+// rawHello encodes h.
+func rawHello(h hello) []byte { return h.appendTo(nil) }
+
+// withExtra appends extra to the body of the encoded hello b.
+func withExtra(b []byte, extra ...byte) []byte {
+	b = append(b, extra...)
+	binary.BigEndian.PutUint16(b[6:8], uint16(len(b)-helloHeaderLen))
+	return b
+}
+
+// requireServing checks that ln still accepts and serves an rsock client.
+func requireServing(t *testing.T, ln *Listener, cfg *Config) {
+	t.Helper()
+	c, s := pipe(t, ln, cfg)
+	defer c.Close()
+	defer s.Close()
+	_, err := c.Write([]byte("ok?"))
+	require.NoError(t, err)
+	b := make([]byte, 3)
+	_, err = io.ReadFull(s, b)
+	require.NoError(t, err)
+	_, err = s.Write([]byte("ok!"))
+	require.NoError(t, err)
+	_, err = io.ReadFull(c, b)
+	require.NoError(t, err)
+	require.Equal(t, "ok!", string(b))
+}
+
+// TestBadHellos sends broken hellos from raw TCP clients. Each connection is closed by
+// the server with a logged reason, and the Listener goes on serving.
+func TestBadHellos(t *testing.T) {
+	v1 := rawHello(offerHello(nil))
+	oversized := append([]byte(nil), v1[:6]...)
+	oversized = append(oversized, 0xff, 0xff)
+	badKind := append([]byte(nil), v1...)
+	badKind[5] = 9
+	decline := rawHello(declineHello(declineNoDevice))
+	offerRDMA := rawHello(offerHello(&rdmaEndpoint{QPN: 1, MTU: 5, RingSize: 1 << 16, RecvWQEs: 1}))
+	badRDMA := append([]byte(nil), offerRDMA...)
+	badRDMA[helloHeaderLen+helloCapsLen+18] = 9 // MTU code 9
+
+	tests := []struct {
+		name  string
+		input []byte
+		log   string // expected in the log line
+	}{
+		{"http", []byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"), "peer does not speak rsock"},
+		{"tls", []byte{0x16, 0x03, 0x01, 0x00, 0x10}, "peer does not speak rsock"},
+		{"magic then garbage", append(helloMagic[:], "garbage!"...), "malformed hello"},
+		{"oversized", oversized, "exceeds the maximum"},
+		{"unknown kind", badKind, "unknown kind 9"},
+		{"answer instead of offer", decline, "an decline where an offer belongs"},
+		{"truncated header", v1[:5], "truncated"},
+		{"truncated body", offerRDMA[:20], "truncated"},
+		{"bad rdma field", badRDMA, "RDMA MTU code 9"},
+		{"empty", nil, "connection closed before its hello"},
+	}
+	var logs logBuffer
+	scfg, ccfg := configs(t, FallbackTCP)
+	scfg.Logger = logs.logger()
+	ln := listen(t, scfg)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := dialRaw(t, ln)
+			_, err := c.Write(tt.input)
+			require.NoError(t, err)
+			c.(*net.TCPConn).CloseWrite() // the server may have reset it already
+			// The server closes without answering (a reset is fine too).
+			got, _ := io.ReadAll(c)
+			require.Empty(t, got, "server's answer to %q", tt.input)
+			requireServing(t, ln, ccfg)
+			require.Contains(t, lastLine(logs.String()), tt.log)
+		})
+	}
+}
+
+// lastLine returns the last complete line of s.
+func lastLine(s string) string {
+	s = strings.TrimSuffix(s, "\n")
+	return s[strings.LastIndexByte(s, '\n')+1:]
+}
+
+// TestStalledHandshakes holds handshakes open in every way a client can stall, and
+// checks that Accept still returns good clients, that stalled handshakes end after the
+// handshake timeout, and that Close aborts those still running.
+func TestStalledHandshakes(t *testing.T) {
+	v1 := rawHello(offerHello(nil))
+	stalls := [][]byte{nil, v1[:3], v1[:helloHeaderLen], v1[:len(v1)-1]}
+
+	for _, f := range transports {
+		t.Run("AcceptNotBlocked/"+f.String(), func(t *testing.T) {
+			scfg, ccfg := configs(t, f)
+			scfg.HandshakeTimeout = time.Hour // the stalled clients never time out here
+			ln := listen(t, scfg)
+			var stalled []net.Conn
+			for _, b := range stalls {
+				var c net.Conn
+				if f == FallbackQUIC {
+					qc, err := fallback.DialQUIC(context.Background(), "tcp", ln.Addr().String(), &fallback.QUICOptions{TLSConfig: ccfg.TLSConfig})
+					require.NoError(t, err)
+					t.Cleanup(func() { qc.Close() })
+					c = qc
+				} else {
+					c = dialRaw(t, ln)
+				}
+				_, err := c.Write(b)
+				require.NoError(t, err)
+				stalled = append(stalled, c)
+			}
+			requireServing(t, ln, ccfg)
+			requireServing(t, ln, ccfg)
+			// Close aborts the stalled handshakes: each client sees its connection end.
+			require.NoError(t, ln.Close())
+			for _, c := range stalled {
+				got, _ := io.ReadAll(c)
+				require.Empty(t, got)
+			}
+		})
+	}
+
+	t.Run("TimedOut", func(t *testing.T) {
+		var logs logBuffer
+		scfg, ccfg := configs(t, FallbackTCP)
+		scfg.HandshakeTimeout = 200 * time.Millisecond
+		scfg.Logger = logs.logger()
+		ln := listen(t, scfg)
+		for _, b := range stalls {
+			c := dialRaw(t, ln)
+			_, err := c.Write(b)
+			require.NoError(t, err)
+			got, _ := io.ReadAll(c) // returns when the server gives up
+			require.Empty(t, got)
+		}
+		requireServing(t, ln, ccfg)
+		require.Equal(t, len(stalls), strings.Count(logs.String(), "i/o timeout"), "timeouts logged:\n%s", logs.String())
+	})
+
+	t.Run("SlotsBounded", func(t *testing.T) {
+		// With every handshake slot held by a stalled client, a good client waits for
+		// a slot to free up, here by a stalled handshake timing out.
+		scfg, ccfg := configs(t, FallbackTCP)
+		scfg.HandshakeTimeout = 300 * time.Millisecond
+		scfg.MaxConcurrentHandshakes = 2
+		ln := listen(t, scfg)
+		for range scfg.MaxConcurrentHandshakes {
+			dialRaw(t, ln)
+		}
+		requireServing(t, ln, ccfg)
+	})
+}
+
+// TestVersionMismatch covers both directions: a server that receives another version's
+// offer declines it in its own and stays on TCP; a client that receives another
+// version's decline stays on TCP, and another version's accept fails it.
+func TestVersionMismatch(t *testing.T) {
+	v2offer := withExtra(rawHello(hello{version: 2, kind: helloOffer, caps: 0xffff}), []byte("future fields")...)
+
+	t.Run("Server", func(t *testing.T) {
+		scfg, _ := configs(t, FallbackTCP)
+		ln := listen(t, scfg)
+		c := dialRaw(t, ln)
+		_, err := c.Write(append(v2offer, "ping"...))
+		require.NoError(t, err)
+		s, err := ln.AcceptRsock()
+		require.NoError(t, err)
+		defer s.Close()
+		require.ErrorIs(t, s.FallbackReason(), ErrVersionMismatch)
+		require.Equal(t, TransportTCP, s.Transport())
+		b := make([]byte, 4)
+		_, err = io.ReadFull(s, b)
+		require.NoError(t, err)
+		require.Equal(t, "ping", string(b), "data behind the other version's hello")
+
+		var hr helloReader
+		h, err := hr.read(c)
+		require.NoError(t, err)
+		require.Equal(t, declineHello(declineVersionMismatch), h)
+		_, err = s.Write([]byte("pong"))
+		require.NoError(t, err)
+		_, err = io.ReadFull(c, b)
+		require.NoError(t, err)
+		require.Equal(t, "pong", string(b))
+	})
+
+	tests := []struct {
+		name   string
+		answer []byte
+		err    error // of the client's first Read; nil: it reads the data
+	}{
+		{"v2 decline", rawHello(hello{version: 2, kind: helloDecline, reason: 77}), nil},
+		{"v2 decline, longer body", withExtra(rawHello(hello{version: 2, kind: helloDecline, reason: 1}), 2, 1, 0), nil},
+		{"v2 accept", rawHello(hello{version: 2, kind: helloAccept}), ErrVersionMismatch},
+		{"v1 accept", rawHello(acceptHello(rdmaEndpoint{QPN: 1, MTU: 1, RingSize: 1 << 12, RecvWQEs: 1})), ErrBadHello},
+	}
+	for _, tt := range tests {
+		t.Run("Client/"+tt.name, func(t *testing.T) {
+			got := fakeServer(t, append(tt.answer, "data"...))
+			c, err := Dial("tcp", got.addr, nil)
+			require.NoError(t, err)
+			defer c.Close()
+			b := make([]byte, 4)
+			_, err = io.ReadFull(c, b)
+			if tt.err != nil {
+				require.ErrorIs(t, err, tt.err)
+				_, err2 := c.Read(b)
+				require.Equal(t, err, err2, "the error sticks")
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, "data", string(b))
+		})
+	}
+}
+
+// fakeServerConn is a plain TCP server for one client: it reads the client's hello,
+// records it, writes answer and closes.
+type fakeServerConn struct {
+	addr string
+	got  chan []byte
+}
+
+func fakeServer(t *testing.T, answer []byte) fakeServerConn {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	f := fakeServerConn{addr: ln.Addr().String(), got: make(chan []byte, 1)}
+	done := make(chan struct{})
+	t.Cleanup(func() { <-done })
+	go func() {
+		defer close(done)
+		c, err := ln.Accept()
+		if err != nil {
+			f.got <- nil
+			return
+		}
+		defer c.Close()
+		b := make([]byte, len(rawHello(offerHello(nil))))
+		n, _ := io.ReadFull(c, b)
+		f.got <- b[:n]
+		c.Write(answer)
+	}()
+	return f
+}
+
+// TestDialPlainServer dials servers that do not speak rsock: the first Read says so.
+func TestDialPlainServer(t *testing.T) {
+	tests := []struct {
+		name   string
+		answer []byte
+		err    error
+		text   string
+	}{
+		{"banner", []byte("SSH-2.0-OpenSSH_9.6\r\n"), ErrNotRsockPeer, `first bytes "SSH-" are not an rsock hello`},
+		{"http error", []byte("HTTP/1.1 400 Bad Request\r\n\r\n"), ErrNotRsockPeer, "peer does not speak rsock"},
+		{"closes at once", nil, ErrNotRsockPeer, "connection closed before its hello"},
+		{"echoes", rawHello(offerHello(nil)), ErrBadHello, "answered an offer without RDMA with an offer"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := fakeServer(t, tt.answer)
+			c, err := Dial("tcp", srv.addr, nil)
+			require.NoError(t, err, "Dial does not wait for the server")
+			_, err = c.Read(make([]byte, 10))
+			require.ErrorIs(t, err, tt.err)
+			require.ErrorContains(t, err, tt.text)
+			require.ErrorContains(t, err, "rsock: server hello from 127.0.0.1:")
+			if tt.answer == nil {
+				require.ErrorIs(t, err, io.ErrUnexpectedEOF)
+			}
+			c.Close()
+			require.Equal(t, rawHello(offerHello(nil)), <-srv.got, "what the client sent")
+		})
+	}
+}
+
+// TestPlainClients serves rsock and plain clients on one Listener.
+func TestPlainClients(t *testing.T) {
+	scfg, ccfg := configs(t, FallbackTCP)
+	scfg.AcceptPlainClients = true
+	scfg.PlainSniffTimeout = 50 * time.Millisecond
+	ln := listen(t, scfg)
+
+	// A line-protocol server: a banner first, then each line echoed in upper case.
+	served := make(chan error, 1)
+	go func() {
+		for {
+			c, err := ln.AcceptRsock()
+			if err != nil {
+				served <- err
+				return
+			}
+			go func() {
+				defer c.Close()
+				if errors.Is(c.FallbackReason(), ErrPlainClient) {
+					c.Write([]byte("plain\n"))
+				} else {
+					c.Write([]byte("rsock\n"))
+				}
+				sc := bufio.NewScanner(c)
+				for sc.Scan() {
+					c.Write([]byte(strings.ToUpper(sc.Text()) + "\n"))
+				}
+			}()
+		}
+	}()
+
+	talk := func(c net.Conn, lines ...string) {
+		t.Helper()
+		r := bufio.NewReader(c)
+		for _, l := range lines {
+			_, err := c.Write([]byte(l + "\n"))
+			require.NoError(t, err)
+			got, err := r.ReadString('\n')
+			require.NoError(t, err)
+			require.Equal(t, strings.ToUpper(l)+"\n", got)
+		}
+	}
+	banner := func(c net.Conn) string {
+		t.Helper()
+		b := make([]byte, 6)
+		_, err := io.ReadFull(c, b)
+		require.NoError(t, err)
+		return string(b)
+	}
+
+	t.Run("ClientSpeaksFirst", func(t *testing.T) {
+		c := dialRaw(t, ln)
+		// The server reads the first line while sniffing, and hands it on first.
+		_, err := c.Write([]byte("hello\n"))
+		require.NoError(t, err)
+		r := bufio.NewReader(c)
+		got, err := r.ReadString('\n')
+		require.NoError(t, err)
+		require.Equal(t, "plain\n", got)
+		got, err = r.ReadString('\n')
+		require.NoError(t, err)
+		require.Equal(t, "HELLO\n", got)
+		talk(c, "again", "and again")
+	})
+	t.Run("ServerSpeaksFirst", func(t *testing.T) {
+		c := dialRaw(t, ln)
+		require.Equal(t, "plain\n", banner(c)) // after the sniff timeout
+		talk(c, "hi")
+	})
+	t.Run("OneByte", func(t *testing.T) {
+		c := dialRaw(t, ln)
+		_, err := c.Write([]byte{0x89}) // the magic's first byte, then silence
+		require.NoError(t, err)
+		require.Equal(t, "plain\n", banner(c))
+		_, err = c.Write([]byte("x\n"))
+		require.NoError(t, err)
+		got, err := bufio.NewReader(c).ReadString('\n')
+		require.NoError(t, err)
+		require.Equal(t, strings.ToUpper("\x89x\n"), got, "the sniffed byte is handed on")
+	})
+	t.Run("Rsock", func(t *testing.T) {
+		c, err := Dial("tcp", ln.Addr().String(), ccfg)
+		require.NoError(t, err)
+		defer c.Close()
+		require.Equal(t, "rsock\n", banner(c))
+		talk(c, "still rsock")
+	})
+	require.NoError(t, ln.Close())
+	require.ErrorIs(t, <-served, net.ErrClosed)
+}
+
+// TestPlainClientWriteTo reads a plain client's bytes through WriteTo, which must hand
+// back the sniffed bytes first.
+func TestPlainClientWriteTo(t *testing.T) {
+	scfg, _ := configs(t, FallbackTCP)
+	scfg.AcceptPlainClients = true
+	ln := listen(t, scfg)
+	c := dialRaw(t, ln)
+	_, err := c.Write([]byte("plain bytes"))
+	require.NoError(t, err)
+	require.NoError(t, c.(*net.TCPConn).CloseWrite())
+	s, err := ln.AcceptRsock()
+	require.NoError(t, err)
+	defer s.Close()
+	var buf bytes.Buffer
+	_, err = s.WriteTo(&buf)
+	require.NoError(t, err)
+	require.Equal(t, "plain bytes", buf.String())
+}
+
+// TestCloseBeforeReading writes and closes without reading: the server must still get
+// every byte (the unread answer to the hello must not make the kernel reset the
+// connection).
+func TestCloseBeforeReading(t *testing.T) {
+	scfg, ccfg := configs(t, FallbackTCP)
+	ln := listen(t, scfg)
+	payload := bytes.Repeat([]byte{'z'}, 256<<10)
+	for range 20 {
+		c, err := Dial("tcp", ln.Addr().String(), ccfg)
+		require.NoError(t, err)
+		_, err = c.Write(payload)
+		require.NoError(t, err)
+		require.NoError(t, c.Close())
+		_, err = c.Read(make([]byte, 1))
+		require.ErrorIs(t, err, net.ErrClosed)
+
+		s, err := ln.AcceptRsock()
+		require.NoError(t, err)
+		got, err := io.ReadAll(s)
+		require.NoError(t, err)
+		require.Equal(t, len(payload), len(got))
+		s.Close()
+	}
+}
+
+func TestListenerClose(t *testing.T) {
+	for _, f := range transports {
+		t.Run(f.String(), func(t *testing.T) {
+			scfg, ccfg := configs(t, f)
+			ln, err := Listen("tcp", "127.0.0.1:0", scfg)
+			require.NoError(t, err)
+			c, s := pipe(t, ln, ccfg)
+			require.NoError(t, ln.Close())
+			require.ErrorIs(t, ln.Close(), net.ErrClosed)
+			_, err = ln.Accept()
+			require.ErrorIs(t, err, net.ErrClosed)
+			_, err = Dial("tcp", ln.Addr().String(), ccfg)
+			if f == FallbackTCP {
+				require.Error(t, err, "dial a closed listener")
+			}
+
+			// Accepted connections outlive their listener.
+			_, err = c.Write([]byte("still here"))
+			require.NoError(t, err)
+			b := make([]byte, 10)
+			_, err = io.ReadFull(s, b)
+			require.NoError(t, err)
+			c.Close()
+			s.Close()
+		})
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	tests := []struct {
+		name    string
+		network string
+		cfg     *Config
+		err     string
+	}{
+		{"quic without tls", "tcp", &Config{Fallback: FallbackQUIC}, "needs Config.TLSConfig"},
+		{"unknown fallback", "tcp", &Config{Fallback: 7}, "unknown fallback transport Fallback(7)"},
+		{"udp", "udp", nil, "unknown network udp"},
+		{"unix", "unix", nil, "unknown network unix"},
+		{"ring size", "tcp", &Config{RingSize: 5000}, "RingSize 5000"},
+		{"negative timeout", "tcp", &Config{HandshakeTimeout: -1}, "negative timeout"},
+	}
+	for _, tt := range tests {
+		_, err := Listen(tt.network, "127.0.0.1:0", tt.cfg)
+		require.ErrorContains(t, err, tt.err, "Listen, %s", tt.name)
+		_, err = Dial(tt.network, "127.0.0.1:1", tt.cfg)
+		require.ErrorContains(t, err, tt.err, "Dial, %s", tt.name)
+	}
+}
+
+func TestDialCancelled(t *testing.T) {
+	for _, f := range transports {
+		scfg, ccfg := configs(t, f)
+		ln := listen(t, scfg)
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		_, err := (&Dialer{Config: ccfg}).DialContext(ctx, "tcp", ln.Addr().String())
+		require.ErrorIs(t, err, context.Canceled, "%v", f)
+	}
+}
+
+// TestQUICListenerServesTCP dials a QUIC Listener over TCP and over QUIC, on the one
+// port it listens on.
+func TestQUICListenerServesTCP(t *testing.T) {
+	scfg, qcfg := configs(t, FallbackQUIC)
+	ln := listen(t, scfg)
+	require.Equal(t, ln.Addr().(*net.TCPAddr).Port, ln.QUICAddr().(*net.UDPAddr).Port)
+	for _, cfg := range []*Config{nil, qcfg} {
+		c, s := pipe(t, ln, cfg)
+		require.Equal(t, c.Transport(), s.Transport())
+		_, cport, _ := net.SplitHostPort(c.LocalAddr().String()) // QUIC's is a wildcard address
+		_, sport, _ := net.SplitHostPort(s.RemoteAddr().String())
+		require.Equal(t, cport, sport, "client's local and server's remote port")
+		requireServing(t, ln, cfg)
+		c.Close()
+		s.Close()
+	}
+	tcpOnly := listen(t, nil)
+	require.Nil(t, tcpOnly.QUICAddr())
+}

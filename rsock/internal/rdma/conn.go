@@ -1,0 +1,236 @@
+package rdma
+
+import (
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/rsockio/rsock/flowctl"
+	"github.com/rsockio/rsock/verbs"
+)
+
+// Conn is a byte stream over one RC queue pair. Its methods are safe for concurrent use,
+// with the semantics of net.Conn; addresses are the bootstrap connection's, and the
+// caller (rsock.Conn) provides them.
+//
+// Locking: rmu serializes readers and wmu writers; each is held across the whole call,
+// including waits, so that concurrent Reads or Writes do not interleave. mu guards the
+// flow-control state, the send queue and staging accounting, and posting (flowctl
+// requires messages to be posted in the order it hands them out); it is never held
+// across a wait. Copies out of the ring happen outside mu: the bytes stay put until
+// Consume releases them.
+type Conn struct {
+	ep   *Endpoint
+	qp   verbs.QP
+	ctrl net.Conn // bootstrap connection: liveness and close notification
+
+	rmu, wmu sync.Mutex
+
+	mu  sync.Mutex
+	fc  *flowctl.Endpoint
+	err error // sticky failure: QP or CQ error, protocol violation, control loss
+
+	// Peer ring, as the offer described it.
+	peerRingAddr uint64
+	peerRKey     uint32
+
+	// Send queue accounting. WR IDs of sends are their sequence numbers.
+	sqDepth     uint64
+	sqPosted    uint64 // send WRs posted
+	sqDone      uint64 // send WRs retired by signaled completions
+	sinceSignal uint64 // unsignaled WRs posted since the last signaled one
+	signalEvery uint64
+	stageEnd    []uint64 // staging cursor after WR i, at stageEnd[i % sqDepth]
+	stage       []byte   // registered send staging buffer
+	stageKey    uint32
+	stageAddr   uint64
+	stageTail   uint64 // bytes of staging handed out (monotonic)
+	stageHead   uint64 // bytes of staging released by completions
+	wrs         [2]verbs.SendWR
+	sges        [2][1]verbs.SGE
+	inline      int
+	maxChunk    int
+	writeClosed bool // CloseWrite was called
+	finPosted   bool // the FIN has been posted, as send WR finID
+	finID       uint64
+	peerGone    bool // the control connection closed
+	closing     bool // Close was called
+	recvWR      [1]verbs.RecvWR
+	ring        []byte
+
+	readable chan struct{} // cap 1: data, FIN or failure arrived
+	writable chan struct{} // cap 1: credit, staging or SQ space arrived, or failure
+	drained  chan struct{} // cap 1: a send completion arrived (Close waits for the drain)
+	closed   chan struct{} // closed by Close
+	rdl, wdl deadline
+
+	closeOnce  sync.Once
+	startOnce  sync.Once
+	closeErr   error
+	ctrlDone   chan struct{} // the control reader has exited
+	keepalive  *time.Timer
+	kaPeriod   time.Duration
+	graceTimer *time.Timer
+}
+
+// Connect brings the endpoint's QP to RTS against the peer's offer and returns the
+// stream, already receiving. ctrl is the bootstrap connection, which the Conn keeps as
+// its control channel and closes with itself; Connect does not touch it, so the caller
+// may finish its handshake on it before calling [Conn.Start]. keepalive, if positive,
+// is the period of control-channel keepalives; three missed periods close the Conn with
+// ErrKeepaliveTimeout. On error the endpoint is still the caller's to Abort; after
+// success it belongs to the Conn.
+func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) (*Conn, error) {
+	fc, err := flowctl.NewEndpoint(
+		flowctl.Params{RingSize: ep.opts.RingSize, RecvWQEs: ep.opts.RecvWQEs},
+		flowctl.Params{RingSize: int(peer.RingSize), RecvWQEs: int(peer.RecvWQEs)},
+	)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadOffer, err)
+	}
+	if err := ep.connectQP(peer); err != nil {
+		return nil, err
+	}
+	depth := uint64(ep.opts.SendWQEs)
+	c := &Conn{
+		ep:           ep,
+		qp:           ep.qp,
+		ctrl:         ctrl,
+		fc:           fc,
+		peerRingAddr: peer.RingAddr,
+		peerRKey:     peer.RingRKey,
+		sqDepth:      depth,
+		signalEvery:  max(depth/4, 1),
+		stageEnd:     make([]uint64, depth),
+		stage:        ep.sendBuf.Bytes(),
+		stageKey:     ep.sendBuf.LKey(),
+		stageAddr:    ep.sendBuf.Addr(),
+		inline:       ep.inline, // the sender's QP decides what goes inline
+		maxChunk:     max(ep.opts.SendBufferSize/4, 1),
+		ring:         ep.ring.Bytes(),
+		readable:     make(chan struct{}, 1),
+		writable:     make(chan struct{}, 1),
+		drained:      make(chan struct{}, 1),
+		closed:       make(chan struct{}),
+		ctrlDone:     make(chan struct{}),
+		kaPeriod:     keepalive,
+	}
+	c.rdl.init()
+	c.wdl.init()
+	if err := ep.poller.attach(c.qp.QPN(), c); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Start hands the control channel to the Conn once the handshake on it is over: from
+// now on its end, or its silence past the keepalive timeout, ends the Conn.
+func (c *Conn) Start() {
+	c.startOnce.Do(func() {
+		go c.readControl()
+		if c.kaPeriod > 0 {
+			c.mu.Lock()
+			c.keepalive = time.AfterFunc(c.kaPeriod, c.sendKeepalive)
+			c.mu.Unlock()
+		}
+	})
+}
+
+// fail records the first fatal error and wakes every waiter. Called with mu held.
+func (c *Conn) failLocked(err error) {
+	if c.err == nil {
+		c.err = err
+	}
+	signal(c.readable)
+	signal(c.writable)
+	signal(c.drained)
+}
+
+// signal wakes one waiter on a capacity-1 channel without blocking.
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// SetDeadline sets both deadlines.
+func (c *Conn) SetDeadline(t time.Time) error {
+	c.rdl.set(t)
+	c.wdl.set(t)
+	return nil
+}
+
+// SetReadDeadline sets the deadline of pending and future Reads.
+func (c *Conn) SetReadDeadline(t time.Time) error { c.rdl.set(t); return nil }
+
+// SetWriteDeadline sets the deadline of pending and future Writes.
+func (c *Conn) SetWriteDeadline(t time.Time) error { c.wdl.set(t); return nil }
+
+// deadline is a settable point in time that pending waits observe: its channel is
+// closed when the time passes, and replaced when the deadline moves into the future.
+type deadline struct {
+	mu      sync.Mutex
+	timer   *time.Timer
+	expired chan struct{}
+}
+
+func (d *deadline) init() { d.expired = make(chan struct{}) }
+
+// set moves the deadline to t; the zero time means none.
+func (d *deadline) set(t time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.timer != nil {
+		// A timer that already fired has closed expired, or will find it replaced.
+		d.timer.Stop()
+		d.timer = nil
+	}
+	closed := isClosed(d.expired)
+	if t.IsZero() {
+		if closed {
+			d.expired = make(chan struct{})
+		}
+		return
+	}
+	if dur := time.Until(t); dur > 0 {
+		if closed {
+			d.expired = make(chan struct{})
+		}
+		ch := d.expired
+		d.timer = time.AfterFunc(dur, func() {
+			d.mu.Lock()
+			if d.expired == ch && !isClosed(ch) {
+				close(ch)
+			}
+			d.mu.Unlock()
+		})
+		return
+	}
+	if !closed {
+		close(d.expired)
+	}
+}
+
+// wait returns a channel closed when the deadline passes.
+func (d *deadline) wait() chan struct{} {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.expired
+}
+
+func isClosed(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// LocalAddr returns the bootstrap connection's local address.
+func (c *Conn) LocalAddr() net.Addr { return c.ctrl.LocalAddr() }
+
+// RemoteAddr returns the bootstrap connection's remote address.
+func (c *Conn) RemoteAddr() net.Addr { return c.ctrl.RemoteAddr() }

@@ -1,0 +1,315 @@
+package rdma
+
+import (
+	"io"
+	"net"
+	"os"
+	"time"
+
+	"github.com/rsockio/rsock/flowctl"
+	"github.com/rsockio/rsock/verbs"
+)
+
+// Write copies p into the registered staging buffer and writes it into the peer's ring
+// with RDMA_WRITE_WITH_IMM, as fast as the peer's credits allow. It returns when all of
+// p is posted: on RC, posted bytes reach the peer unless the connection fails.
+func (c *Conn) Write(p []byte) (int, error) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	n := 0
+	for {
+		m, err := c.writeSome(p[n:], nil)
+		n += m
+		if err != nil || n == len(p) {
+			return n, err
+		}
+	}
+}
+
+// ReadFrom reads from r straight into the staging buffer and posts it, saving the copy
+// through an intermediate buffer that io.Copy would make.
+func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	var total int64
+	for {
+		m, err := c.writeSome(nil, r)
+		total += int64(m)
+		if err == io.EOF {
+			return total, nil
+		}
+		if err != nil {
+			return total, err
+		}
+	}
+}
+
+// writeSome posts one chunk: from p, or read from r when r is non-nil. It waits until
+// at least one byte can be posted, and returns the bytes posted. With r, io.EOF from r
+// is returned once nothing more was read. Called with wmu held.
+func (c *Conn) writeSome(p []byte, r io.Reader) (int, error) {
+	if r == nil && len(p) == 0 {
+		return 0, c.writeErr()
+	}
+	for {
+		if isClosed(c.wdl.wait()) {
+			return 0, os.ErrDeadlineExceeded
+		}
+		c.mu.Lock()
+		if err := c.writeErrLocked(); err != nil {
+			c.mu.Unlock()
+			return 0, err
+		}
+		room := c.writeRoomLocked()
+		if room > 0 {
+			if r == nil {
+				n, err := c.postDataLocked(p[:min(len(p), room)])
+				c.mu.Unlock()
+				return n, err
+			}
+			// Read into staging outside mu: only writers touch staging above
+			// stageTail, and wmu keeps them out. Then post all that was read.
+			buf := c.stageWindow(room)
+			c.mu.Unlock()
+			m, rerr := r.Read(buf)
+			if err := c.postStaged(m); err != nil {
+				return 0, err
+			}
+			if m == 0 && rerr == nil {
+				continue
+			}
+			return m, rerr
+		}
+		c.mu.Unlock()
+		if err := c.waitWritable(); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// writeErr reports why no byte may be written now, or nil.
+func (c *Conn) writeErr() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.writeErrLocked()
+}
+
+func (c *Conn) writeErrLocked() error {
+	switch {
+	case c.closing:
+		return net.ErrClosed
+	case c.writeClosed:
+		return errWriteClosed
+	case c.err != nil:
+		return c.err
+	case c.peerGone:
+		return ErrPeerClosed
+	}
+	return nil
+}
+
+var errWriteClosed = &net.OpError{Op: "write", Net: "rdma", Err: os.ErrClosed}
+
+// writeRoomLocked is how many bytes one data post may carry now: limited by flow
+// control, the send queue (a reservation may take two WRs), and contiguous staging.
+func (c *Conn) writeRoomLocked() int {
+	if c.sqDepth-(c.sqPosted-c.sqDone) < 2 {
+		return 0
+	}
+	return min(c.fc.Writable(), c.maxChunk, c.stageContig())
+}
+
+// stageContig is the largest contiguous staging span free at the tail. When the tail
+// segment to the buffer's end is shorter than the free span at its start, the tail
+// skips to the start (the skipped bytes free with the next completion).
+func (c *Conn) stageContig() int {
+	size := uint64(len(c.stage))
+	free := size - (c.stageTail - c.stageHead)
+	off := c.stageTail % size
+	toEnd := size - off
+	if toEnd >= free {
+		return int(free)
+	}
+	if atStart := free - toEnd; atStart > toEnd {
+		c.stageTail += toEnd
+		return int(atStart)
+	}
+	return int(toEnd)
+}
+
+// stageWindow returns n bytes of staging at the tail (n ≤ stageContig()).
+func (c *Conn) stageWindow(n int) []byte {
+	off := int(c.stageTail % uint64(len(c.stage)))
+	return c.stage[off : off+n]
+}
+
+// postStaged posts n bytes already read into staging at its tail, waiting for credit
+// and send-queue room as needed. Unlike a Write, it cannot give up part way: the bytes
+// were consumed from their reader.
+func (c *Conn) postStaged(n int) error {
+	for n > 0 {
+		c.mu.Lock()
+		if err := c.writeErrLocked(); err != nil {
+			c.mu.Unlock()
+			return err
+		}
+		if c.sqDepth-(c.sqPosted-c.sqDone) >= 2 && c.fc.Writable() > 0 {
+			m, err := c.postStagedLocked(n)
+			n -= m
+			if err != nil {
+				c.mu.Unlock()
+				return err
+			}
+		}
+		c.mu.Unlock()
+		if n > 0 {
+			if err := c.waitWritable(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// postDataLocked copies p (len(p) ≤ writeRoomLocked()) into staging and posts it.
+func (c *Conn) postDataLocked(p []byte) (int, error) {
+	copy(c.stageWindow(len(p)), p)
+	return c.postStagedLocked(len(p))
+}
+
+// postStagedLocked reserves n bytes already copied at the staging tail and posts them
+// as one or two writes. It may reserve fewer than n if credit shrank (control messages
+// share the WQE credit); the rest stays unposted and will be copied again.
+func (c *Conn) postStagedLocked(n int) (int, error) {
+	res, err := c.fc.ReserveData(n)
+	if err != nil {
+		c.failLocked(protocolError(err))
+		return 0, c.err
+	}
+	src := c.stageTail
+	c.stageTail += uint64(res.Bytes)
+	for i := range res.Count {
+		m := res.Msgs[i]
+		c.fillWR(i, m, c.stageAddr+src%uint64(len(c.stage)), false)
+		src += uint64(m.Len)
+	}
+	if err := c.postLocked(res.Count); err != nil {
+		return 0, err
+	}
+	return res.Bytes, nil
+}
+
+// fillWR prepares c.wrs[i] to carry message m from staging address addr.
+func (c *Conn) fillWR(i int, m flowctl.Msg, addr uint64, forceSignal bool) {
+	wr := &c.wrs[i]
+	wr.Opcode = verbs.OpRDMAWriteWithImm
+	wr.Imm = m.Imm
+	wr.RemoteAddr = c.peerRingAddr + uint64(m.Off)
+	wr.RKey = c.peerRKey
+	wr.Flags = 0
+	if m.Len == 0 {
+		wr.SGL = nil
+	} else {
+		c.sges[i][0] = verbs.SGE{Addr: addr, Length: uint32(m.Len), LKey: c.stageKey}
+		wr.SGL = c.sges[i][:]
+		if m.Len <= c.inline {
+			wr.Flags |= verbs.SendInline
+		}
+	}
+	if forceSignal {
+		wr.Flags |= verbs.SendSignaled
+	}
+}
+
+// postLocked posts c.wrs[:n], numbering them and deciding which are signaled: every
+// signalEvery-th, and any after which half the staging buffer or more is in flight, so
+// that a writer waiting for staging or send-queue space always has a completion coming.
+func (c *Conn) postLocked(n int) error {
+	size := uint64(len(c.stage))
+	for i := range n {
+		wr := &c.wrs[i]
+		id := c.sqPosted + uint64(i)
+		wr.ID = id
+		c.stageEnd[id%c.sqDepth] = c.stageTail
+		c.sinceSignal++
+		if c.sinceSignal >= c.signalEvery || 2*(c.stageTail-c.stageHead) >= size {
+			wr.Flags |= verbs.SendSignaled
+		}
+		if wr.Flags&verbs.SendSignaled != 0 {
+			c.sinceSignal = 0
+		}
+	}
+	if err := c.qp.PostSend(c.wrs[:n]); err != nil {
+		c.failLocked(qpError("post send", err))
+		return c.err
+	}
+	c.sqPosted += uint64(n)
+	return nil
+}
+
+// postControlLocked posts every control message flowctl has due (credit updates, FIN),
+// as long as the send queue has room.
+func (c *Conn) postControlLocked() {
+	for c.err == nil && c.sqPosted-c.sqDone < c.sqDepth {
+		if c.closing && c.finPosted {
+			return // credit for a stream nobody will read any more
+		}
+		fin := c.fc.FINPending() // NextControl hands out a pending FIN first
+		m, ok := c.fc.NextControl()
+		if !ok {
+			return
+		}
+		// A FIN is signaled so that Close can wait for it to land.
+		c.fillWR(0, m, 0, fin)
+		if fin {
+			c.finPosted, c.finID = true, c.sqPosted
+		}
+		c.postLocked(1)
+	}
+}
+
+// waitWritable waits until a completion or credit may have made room, the write
+// deadline passes, or the Conn closes.
+func (c *Conn) waitWritable() error {
+	dl := c.wdl.wait()
+	select {
+	case <-dl:
+		return os.ErrDeadlineExceeded
+	default:
+	}
+	select {
+	case <-c.writable:
+		return nil
+	case <-dl:
+		return os.ErrDeadlineExceeded
+	case <-c.closed:
+		return net.ErrClosed
+	}
+}
+
+// sendKeepalive posts a keepalive on the QP when one may be sent (it proves the path;
+// a broken link then fails the Conn even when the application is idle), and one byte on
+// the control channel, then rearms its timer.
+func (c *Conn) sendKeepalive() {
+	c.mu.Lock()
+	if c.closing || c.err != nil {
+		c.mu.Unlock()
+		return
+	}
+	if c.sqPosted-c.sqDone < c.sqDepth {
+		if m, ok := c.fc.Keepalive(); ok {
+			c.fillWR(0, m, 0, false)
+			c.postLocked(1)
+		}
+	}
+	c.mu.Unlock()
+	c.ctrl.SetWriteDeadline(time.Now().Add(c.kaPeriod))
+	if _, err := c.ctrl.Write(ctrlKeepalive[:]); err != nil {
+		return // the control reader reports the loss
+	}
+	c.mu.Lock()
+	if !c.closing {
+		c.keepalive.Reset(c.kaPeriod)
+	}
+	c.mu.Unlock()
+}

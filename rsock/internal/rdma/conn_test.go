@@ -1,0 +1,157 @@
+package rdma
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"golang.org/x/net/nettest"
+
+	"github.com/rsockio/rsock/verbs/soft"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var loopback = netip.MustParseAddr("127.0.0.1")
+
+// tcpPair returns the two ends of a loopback TCP connection, standing in for the
+// bootstrap connection.
+func tcpPair(t testing.TB) (net.Conn, net.Conn) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	type res struct {
+		c   net.Conn
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		c, err := ln.Accept()
+		ch <- res{c, err}
+	}()
+	a, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	r := <-ch
+	require.NoError(t, r.err)
+	return a, r.c
+}
+
+// connPair connects two Conns over fabric f with opts on both sides.
+func connPair(t testing.TB, f *soft.Fabric, opts Options) (*Conn, *Conn) {
+	ca, cb := tcpPair(t)
+	ea, err := Prepare(f, loopback, opts)
+	require.NoError(t, err)
+	eb, err := Prepare(f, loopback, opts)
+	require.NoError(t, err)
+	a, err := ea.Connect(eb.Offer(), ca, 0)
+	require.NoError(t, err)
+	b, err := eb.Connect(ea.Offer(), cb, 0)
+	require.NoError(t, err)
+	a.Start()
+	b.Start()
+	return a, b
+}
+
+func TestNetConn(t *testing.T) {
+	f := soft.New(soft.Options{})
+	nettest.TestConn(t, func() (c1, c2 net.Conn, stop func(), err error) {
+		a, b := connPair(t, f, Options{RingSize: 16 << 10, SendBufferSize: 8 << 10})
+		return a, b, func() { a.Close(); b.Close() }, nil
+	})
+	requireReleased(t, f)
+}
+
+// requireReleased checks that every soft resource was given back.
+func requireReleased(t *testing.T, f *soft.Fabric) {
+	t.Helper()
+	s := f.Stats()
+	require.Zero(t, s.QPs, "QPs left: %+v", s)
+	require.Zero(t, s.MRs, "MRs left: %+v", s)
+	require.Zero(t, s.CQs, "CQs left: %+v", s)
+	require.Zero(t, s.PDs, "PDs left: %+v", s)
+	require.Zero(t, s.Contexts, "contexts left: %+v", s)
+}
+
+// TestStreamBothWays moves random-sized writes both ways at once through 4 KiB rings, so
+// that wrap-around and credit exhaustion happen constantly, and checks every byte.
+func TestStreamBothWays(t *testing.T) {
+	total := int64(1 << 30) // each way
+	switch {
+	case testing.Short():
+		total = 8 << 20
+	case raceEnabled:
+		total = 64 << 20
+	}
+	f := soft.New(soft.Options{})
+	a, b := connPair(t, f, Options{RingSize: 4 << 10, SendBufferSize: 4 << 10, RecvWQEs: 16, SendWQEs: 16})
+	var wg sync.WaitGroup
+	stream := func(w, r *Conn, seed uint64) {
+		defer wg.Done()
+		sent, got := sha256.New(), sha256.New()
+		done := make(chan int64)
+		go func() {
+			n, err := io.Copy(got, r)
+			require.NoError(t, err)
+			done <- n
+		}()
+		rng := rand.New(rand.NewPCG(seed, seed))
+		buf := make([]byte, 4<<20)
+		var n int64
+		for n < total {
+			size := min(int64(1+rng.IntN(len(buf))), total-n)
+			p := buf[:size]
+			for i := range p {
+				p[i] = byte(rng.Uint32())
+			}
+			sent.Write(p)
+			m, err := w.Write(p)
+			require.NoError(t, err)
+			require.Equal(t, len(p), m)
+			n += size
+		}
+		require.NoError(t, w.CloseWrite())
+		require.Equal(t, total, <-done)
+		require.True(t, bytes.Equal(sent.Sum(nil), got.Sum(nil)), "hash mismatch")
+	}
+	wg.Add(2)
+	go stream(a, b, 1)
+	go stream(b, a, 2)
+	wg.Wait()
+	require.NoError(t, a.Close())
+	require.NoError(t, b.Close())
+	require.Zero(t, f.Stats().RNRNAKs, "RNR NAKs")
+	requireReleased(t, f)
+}
+
+func TestPeerCloseGivesEOF(t *testing.T) {
+	f := soft.New(soft.Options{})
+	a, b := connPair(t, f, Options{})
+	_, err := a.Write([]byte("hello"))
+	require.NoError(t, err)
+	require.NoError(t, a.Close())
+	got, err := io.ReadAll(b)
+	require.NoError(t, err)
+	require.Equal(t, "hello", string(got))
+	require.NoError(t, b.Close())
+	requireReleased(t, f)
+}
+
+func TestQPErrorFailsConn(t *testing.T) {
+	f := soft.New(soft.Options{TimeScale: 0.001})
+	a, b := connPair(t, f, Options{})
+	require.NoError(t, f.FailQP(a.qp))
+	buf := make([]byte, 8)
+	_, err := a.Read(buf)
+	require.True(t, errors.Is(err, ErrQPFailed), "Read after QP failure: %v", err)
+	require.NoError(t, a.Close())
+	require.NoError(t, b.Close())
+	requireReleased(t, f)
+}

@@ -1,0 +1,195 @@
+package rdma
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+
+	"github.com/rsockio/rsock/verbs"
+)
+
+// completionHandler is what a poller dispatches to: one per QP, found by QPN.
+// Handlers run on the poller's goroutine; they must not block.
+type completionHandler interface {
+	// onCompletion handles one completion of this handler's QP, send or receive.
+	onCompletion(wc *verbs.WorkCompletion)
+	// onCQError tells the handler its CQ failed (overflow): its QP is unusable.
+	onCQError(err error)
+}
+
+// pollBatch is how many completions one Poll call reaps.
+const pollBatch = 64
+
+// poller reaps one CQ shared by many connections. It busy-polls for a bounded number of
+// empty polls, yielding the processor between them, then arms the CQ, polls once more
+// (a completion may have landed between the last poll and the arming) and sleeps on the
+// completion channel, which parks only this goroutine.
+//
+// The goroutine runs only while at least one QP is attached: the first attach starts it
+// and the last detach stops it, so an idle process holds no poller goroutines.
+type poller struct {
+	cq       verbs.CQ
+	ch       verbs.CompChannel
+	spin     int // empty polls before sleeping
+	capacity int // CQ entries; attach refuses QPs whose queues would not fit
+
+	mu       sync.RWMutex
+	handlers map[uint32]completionHandler
+	reserved int   // CQ entries promised to attached QPs
+	err      error // sticky CQ failure
+	cancel   context.CancelFunc
+	done     chan struct{}
+
+	wcs [pollBatch]verbs.WorkCompletion // owned by the goroutine
+}
+
+func newPoller(ctx verbs.Context, capacity, spin int) (*poller, error) {
+	ch, err := ctx.CreateCompChannel()
+	if err != nil {
+		return nil, fmt.Errorf("create completion channel: %w", err)
+	}
+	cq, err := ctx.CreateCQ(capacity, ch)
+	if err != nil {
+		ch.Close()
+		return nil, fmt.Errorf("create CQ of %d entries: %w", capacity, err)
+	}
+	return &poller{cq: cq, ch: ch, spin: spin, capacity: capacity, handlers: make(map[uint32]completionHandler)}, nil
+}
+
+// reserve claims entries CQ entries for a QP about to be created on this CQ. It fails
+// when the CQ could overflow with them.
+func (p *poller) reserve(entries int) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.err != nil || p.reserved+entries > p.capacity {
+		return false
+	}
+	p.reserved += entries
+	return true
+}
+
+// unreserve returns entries claimed by reserve.
+func (p *poller) unreserve(entries int) {
+	p.mu.Lock()
+	p.reserved -= entries
+	p.mu.Unlock()
+}
+
+// attach routes completions of QP qpn to h, starting the goroutine if needed.
+func (p *poller) attach(qpn uint32, h completionHandler) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.err != nil {
+		return p.err
+	}
+	p.handlers[qpn] = h
+	if p.cancel == nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		p.cancel = cancel
+		p.done = make(chan struct{})
+		go p.run(ctx, p.done)
+	}
+	return nil
+}
+
+// detach stops routing completions of qpn. When it was the last QP, it stops the
+// goroutine and waits for it, so that no goroutine outlives the connections. It must
+// not be called from the poller's goroutine.
+func (p *poller) detach(qpn uint32) {
+	p.mu.Lock()
+	delete(p.handlers, qpn)
+	var done chan struct{}
+	if len(p.handlers) == 0 && p.cancel != nil {
+		p.cancel()
+		p.cancel = nil
+		done = p.done
+	}
+	p.mu.Unlock()
+	if done != nil {
+		<-done
+	}
+}
+
+// idle reports whether no QP is attached or reserved.
+func (p *poller) idle() bool {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return len(p.handlers) == 0 && p.reserved == 0
+}
+
+// close destroys the CQ and channel. The poller must be idle.
+func (p *poller) close() error {
+	return errors.Join(p.cq.Close(), p.ch.Close())
+}
+
+func (p *poller) run(ctx context.Context, done chan struct{}) {
+	defer close(done)
+	empty := 0
+	for ctx.Err() == nil {
+		n, err := p.cq.Poll(p.wcs[:])
+		if err != nil {
+			p.fail(err)
+			return
+		}
+		if n > 0 {
+			p.dispatch(n)
+			empty = 0
+			continue
+		}
+		if empty < p.spin {
+			empty++
+			runtime.Gosched()
+			continue
+		}
+		if err := p.cq.ReqNotify(false); err != nil {
+			p.fail(fmt.Errorf("arm CQ: %w", err))
+			return
+		}
+		// A completion that arrived before the arming raised no event: look again.
+		if n, err = p.cq.Poll(p.wcs[:]); err != nil {
+			p.fail(err)
+			return
+		}
+		if n > 0 {
+			p.dispatch(n)
+			empty = 0
+			continue
+		}
+		if _, err := p.ch.Wait(ctx); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			p.fail(fmt.Errorf("wait for completion event: %w", err))
+			return
+		}
+		empty = 0
+	}
+}
+
+// dispatch hands the first n reaped completions to their QPs' handlers.
+func (p *poller) dispatch(n int) {
+	p.mu.RLock()
+	for i := range n {
+		wc := &p.wcs[i]
+		if h := p.handlers[wc.QPN]; h != nil {
+			h.onCompletion(wc)
+		}
+	}
+	p.mu.RUnlock()
+}
+
+// fail records a fatal CQ error and tells every attached QP.
+func (p *poller) fail(err error) {
+	p.mu.Lock()
+	p.err = fmt.Errorf("completion queue failed: %w", err)
+	hs := make([]completionHandler, 0, len(p.handlers))
+	for _, h := range p.handlers {
+		hs = append(hs, h)
+	}
+	p.mu.Unlock()
+	for _, h := range hs {
+		h.onCQError(p.err)
+	}
+}

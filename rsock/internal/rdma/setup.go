@@ -1,0 +1,262 @@
+package rdma
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/bits"
+	"net/netip"
+
+	"github.com/rsockio/rsock/verbs"
+)
+
+// Options size a connection's resources. Zero fields take the defaults below.
+type Options struct {
+	// RingSize is the receive ring's size in bytes, a power of two between MinRingSize
+	// and MaxRingSize. Default 128 KiB.
+	RingSize int
+	// SendBufferSize is the registered staging buffer Write copies into. Default 64 KiB.
+	SendBufferSize int
+	// RecvWQEs is how many receive WQEs are kept posted. Default 64.
+	RecvWQEs int
+	// SendWQEs is the send queue depth. Default 64.
+	SendWQEs int
+	// CQSize is the number of entries of each shared completion queue. Default 16384.
+	CQSize int
+	// MaxConns, if positive, caps the connections (prepared or connected) on one
+	// device; Prepare fails with ErrTooManyConns beyond it.
+	MaxConns int
+	// PollSpin is how many empty polls a poller makes, yielding between them, before it
+	// sleeps on the completion channel. Default 64; negative means never spin.
+	PollSpin int
+}
+
+// Defaults. An idle connection holds RingSize+SendBufferSize = 192 KiB of registered
+// memory with them.
+const (
+	DefaultRingSize       = 128 << 10
+	DefaultSendBufferSize = 64 << 10
+	DefaultRecvWQEs       = 64
+	DefaultSendWQEs       = 64
+	DefaultCQSize         = 16384
+	DefaultPollSpin       = 64
+)
+
+func (o Options) withDefaults() Options {
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&o.RingSize, DefaultRingSize)
+	def(&o.SendBufferSize, DefaultSendBufferSize)
+	def(&o.RecvWQEs, DefaultRecvWQEs)
+	def(&o.SendWQEs, DefaultSendWQEs)
+	def(&o.CQSize, DefaultCQSize)
+	def(&o.PollSpin, DefaultPollSpin)
+	if o.PollSpin < 0 {
+		o.PollSpin = 0
+	}
+	return o
+}
+
+func (o Options) validate() error {
+	switch {
+	case o.RingSize < MinRingSize || o.RingSize > MaxRingSize || bits.OnesCount(uint(o.RingSize)) != 1:
+		return fmt.Errorf("ring size %d is not a power of two in [%d, %d]", o.RingSize, MinRingSize, MaxRingSize)
+	case o.SendBufferSize < 1024:
+		return fmt.Errorf("send buffer of %d bytes is below 1 KiB", o.SendBufferSize)
+	case o.RecvWQEs < MinRecvWQEs:
+		return fmt.Errorf("%d receive WQEs is below the minimum of %d", o.RecvWQEs, MinRecvWQEs)
+	case o.SendWQEs < 4:
+		return fmt.Errorf("send queue depth %d is below 4", o.SendWQEs)
+	}
+	return nil
+}
+
+// Offer is one side's half of an upgrade: everything the peer needs to connect its QP to
+// ours and write into our ring. It travels in rsock's hello.
+type Offer struct {
+	GID       verbs.GID
+	LID       uint16
+	MTU       verbs.MTU // active MTU of our port
+	QPN       uint32    // 24 bits
+	PSN       uint32    // first send PSN, 24 bits
+	RingAddr  uint64
+	RingRKey  uint32
+	RingSize  uint32
+	RecvWQEs  uint32 // receive WQEs we keep posted: the peer's initial WQE credit
+	MaxInline uint32
+}
+
+// Endpoint is our side of a connection being set up: a QP in INIT with its ring
+// registered and receive WQEs posted, waiting for the peer's Offer.
+type Endpoint struct {
+	opts     Options
+	dev      *device
+	poller   *poller
+	entries  int // CQ entries reserved on poller
+	ring     verbs.MR
+	sendBuf  verbs.MR
+	qp       verbs.QP
+	psn      uint32
+	inline   int
+	admitted bool // counted in dev.conns
+}
+
+// Prepare creates our side of an RDMA connection on provider p for a bootstrap
+// connection whose local address is ip. On error nothing is left allocated.
+func Prepare(p verbs.Provider, ip netip.Addr, opts Options) (_ *Endpoint, err error) {
+	opts = opts.withDefaults()
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	dev, err := acquireDevice(p, ip)
+	if err != nil {
+		return nil, err
+	}
+	if !dev.admit(opts.MaxConns) {
+		dev.release()
+		return nil, fmt.Errorf("%w: %d on %s", ErrTooManyConns, opts.MaxConns, dev.attr.Name)
+	}
+	ep := &Endpoint{opts: opts, dev: dev, admitted: true, entries: opts.SendWQEs + opts.RecvWQEs}
+	defer func() {
+		if err != nil {
+			ep.release()
+		}
+	}()
+	if ep.poller, err = dev.pollerFor(ep.entries, opts.CQSize, opts.PollSpin); err != nil {
+		ep.entries = 0
+		return nil, err
+	}
+	if ep.ring, err = dev.pd.RegMR(opts.RingSize, verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
+		return nil, fmt.Errorf("register %d-byte receive ring: %w", opts.RingSize, err)
+	}
+	if ep.sendBuf, err = dev.pd.RegMR(opts.SendBufferSize, verbs.AccessLocalWrite); err != nil {
+		return nil, fmt.Errorf("register %d-byte send buffer: %w", opts.SendBufferSize, err)
+	}
+	ep.inline = min(dev.attr.MaxInline, maxInline)
+	ep.qp, err = dev.pd.CreateQP(verbs.QPInitAttr{
+		SendCQ: ep.poller.cq,
+		RecvCQ: ep.poller.cq,
+		Caps: verbs.QPCaps{
+			MaxSendWR: opts.SendWQEs, MaxRecvWR: opts.RecvWQEs,
+			MaxSendSGE: 1, MaxRecvSGE: 1, MaxInlineData: ep.inline,
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create QP: %w", err)
+	}
+	if err = ep.qp.ToInit(verbs.InitAttr{Port: dev.port.Num, Access: verbs.AccessRemoteWrite}); err != nil {
+		return nil, fmt.Errorf("QP to INIT: %w", err)
+	}
+	var recv [1]verbs.RecvWR
+	for i := range opts.RecvWQEs {
+		recv[0].ID = recvWRFlag | uint64(i)
+		if err = ep.qp.PostRecv(recv[:]); err != nil {
+			return nil, fmt.Errorf("post receive WQE %d: %w", i, err)
+		}
+	}
+	var b [4]byte
+	rand.Read(b[:])
+	ep.psn = binary.LittleEndian.Uint32(b[:]) & 0xffffff
+	return ep, nil
+}
+
+// Offer returns what the peer needs to connect to this endpoint.
+func (ep *Endpoint) Offer() Offer {
+	return Offer{
+		GID:       ep.dev.gid,
+		LID:       ep.dev.port.LID,
+		MTU:       ep.dev.port.ActiveMTU,
+		QPN:       ep.qp.QPN(),
+		PSN:       ep.psn,
+		RingAddr:  ep.ring.Addr(),
+		RingRKey:  ep.ring.RKey(),
+		RingSize:  uint32(ep.opts.RingSize),
+		RecvWQEs:  uint32(ep.opts.RecvWQEs),
+		MaxInline: uint32(ep.inline),
+	}
+}
+
+// Abort releases an endpoint that will not be connected.
+func (ep *Endpoint) Abort() error { return ep.release() }
+
+// connectQP brings the QP to RTS against the peer's offer.
+func (ep *Endpoint) connectQP(peer Offer) error {
+	if err := peer.validate(); err != nil {
+		return err
+	}
+	mtu := min(ep.dev.port.ActiveMTU, peer.MTU)
+	if mtu.Bytes() == 0 {
+		return fmt.Errorf("%w: ours %v, peer's %v", ErrMTU, ep.dev.port.ActiveMTU, peer.MTU)
+	}
+	err := ep.qp.ToRTR(verbs.RTRAttr{
+		PathMTU: mtu,
+		DestQPN: peer.QPN,
+		RQPSN:   peer.PSN,
+		Dest: verbs.AddressVector{
+			LID: peer.LID, Port: ep.dev.port.Num, IsGlobal: true,
+			DestGID: peer.GID, SGIDIndex: uint8(ep.dev.gidIndex), HopLimit: 64,
+		},
+		MinRNRTimer: 12, // 0.64 ms; flow control keeps RNR from happening at all
+	})
+	if err != nil {
+		return fmt.Errorf("QP to RTR: %w", err)
+	}
+	err = ep.qp.ToRTS(verbs.RTSAttr{
+		SQPSN:      ep.psn,
+		Timeout:    14, // 4.096 µs × 2^14 ≈ 67 ms per try
+		RetryCount: 7,
+		RNRRetry:   7,
+	})
+	if err != nil {
+		return fmt.Errorf("QP to RTS: %w", err)
+	}
+	return nil
+}
+
+// release frees whatever the endpoint holds, in reverse order of creation.
+func (ep *Endpoint) release() error {
+	var errs []error
+	if ep.qp != nil {
+		errs = append(errs, ep.qp.Close())
+		ep.qp = nil
+	}
+	if ep.sendBuf != nil {
+		errs = append(errs, ep.sendBuf.Close())
+		ep.sendBuf = nil
+	}
+	if ep.ring != nil {
+		errs = append(errs, ep.ring.Close())
+		ep.ring = nil
+	}
+	if ep.poller != nil {
+		ep.poller.unreserve(ep.entries)
+		ep.poller = nil
+	}
+	if ep.dev != nil {
+		if ep.admitted {
+			ep.dev.leave()
+			ep.admitted = false
+		}
+		errs = append(errs, ep.dev.release())
+		ep.dev = nil
+	}
+	return errors.Join(errs...)
+}
+
+func (o Offer) validate() error {
+	switch {
+	case o.QPN == 0 || o.QPN > 0xffffff:
+		return fmt.Errorf("%w: QPN %#x", ErrBadOffer, o.QPN)
+	case o.PSN > 0xffffff:
+		return fmt.Errorf("%w: PSN %#x", ErrBadOffer, o.PSN)
+	case o.RingSize < MinRingSize || o.RingSize > MaxRingSize || bits.OnesCount32(o.RingSize) != 1:
+		return fmt.Errorf("%w: ring size %d", ErrBadOffer, o.RingSize)
+	case o.RecvWQEs < MinRecvWQEs:
+		return fmt.Errorf("%w: %d receive WQEs", ErrBadOffer, o.RecvWQEs)
+	}
+	return nil
+}

@@ -1,0 +1,95 @@
+package rsock
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"net"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/rsockio/rsock/internal/testcert"
+	"github.com/rsockio/rsock/verbs"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// transports lists the fallback transports tests run on.
+var transports = []Fallback{FallbackTCP, FallbackQUIC}
+
+// configs returns a server and a client Config for fallback f; QUIC gets the test
+// certificate.
+func configs(t testing.TB, f Fallback) (server, client *Config) {
+	t.Helper()
+	server, client = &Config{Fallback: f}, &Config{Fallback: f}
+	if f == FallbackQUIC {
+		st, ct, err := testcert.Configs()
+		require.NoError(t, err)
+		server.TLSConfig, client.TLSConfig = st, ct
+	}
+	return server, client
+}
+
+// listen starts a Listener on loopback, closed at the end of the test.
+func listen(t testing.TB, cfg *Config) *Listener {
+	t.Helper()
+	ln, err := Listen("tcp", "127.0.0.1:0", cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	return ln
+}
+
+// pipe dials ln and accepts the connection.
+func pipe(t testing.TB, ln *Listener, cfg *Config) (client, server *Conn) {
+	t.Helper()
+	client, err := Dial("tcp", ln.Addr().String(), cfg)
+	require.NoError(t, err)
+	server, err = ln.AcceptRsock()
+	require.NoError(t, err)
+	return client, server
+}
+
+// logBuffer collects a Listener's log lines.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func (b *logBuffer) logger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(b, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+// fakeProvider is an RDMA provider with no devices. It stands for "a provider is
+// configured" while this build has no RDMA engine.
+type fakeProvider struct{}
+
+func (fakeProvider) Name() string                         { return "fake" }
+func (fakeProvider) Devices() ([]verbs.DeviceAttr, error) { return nil, nil }
+func (fakeProvider) Open(string) (verbs.Context, error)   { return nil, verbs.ErrNoDevice }
+
+// dialRaw opens a plain TCP connection to ln.
+func dialRaw(t testing.TB, ln *Listener) net.Conn {
+	t.Helper()
+	var d net.Dialer
+	c, err := d.DialContext(context.Background(), "tcp", ln.Addr().String())
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	return c
+}

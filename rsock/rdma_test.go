@@ -1,0 +1,157 @@
+package rsock
+
+import (
+	"errors"
+	"io"
+	"net"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/net/nettest"
+
+	"github.com/rsockio/rsock/verbs/soft"
+)
+
+// rdmaConfigs returns server and client Configs that upgrade over one soft fabric, on
+// bootstrap transport f.
+func rdmaConfigs(t testing.TB, f Fallback, fab *soft.Fabric) (server, client *Config) {
+	server, client = configs(t, f)
+	server.Provider, client.Provider = fab, fab
+	return server, client
+}
+
+// requireReleased checks that every soft resource went back to the fabric.
+func requireReleased(t testing.TB, fab *soft.Fabric) {
+	t.Helper()
+	s := fab.Stats()
+	require.Zero(t, s.QPs+s.MRs+s.CQs+s.PDs+s.Contexts+s.CompChannels, "soft resources left: %+v", s)
+}
+
+func TestRDMANetConn(t *testing.T) {
+	for _, f := range transports {
+		t.Run(f.String(), func(t *testing.T) {
+			fab := soft.New(soft.Options{})
+			scfg, ccfg := rdmaConfigs(t, f, fab)
+			ln := listen(t, scfg)
+			for _, side := range []string{"Client", "Server"} {
+				t.Run(side, func(t *testing.T) {
+					nettest.TestConn(t, func() (c1, c2 net.Conn, stop func(), err error) {
+						c, s := pipe(t, ln, ccfg)
+						require.Equal(t, TransportRDMA, c.Transport(), "client: %v", c.FallbackReason())
+						require.Equal(t, TransportRDMA, s.Transport(), "server: %v", s.FallbackReason())
+						require.NoError(t, c.FallbackReason())
+						require.NoError(t, s.FallbackReason())
+						stop = func() { c.Close(); s.Close() }
+						if side == "Server" {
+							return s, c, stop, nil
+						}
+						return c, s, stop, nil
+					})
+				})
+			}
+			require.NoError(t, ln.Close())
+			requireReleased(t, fab)
+		})
+	}
+}
+
+// TestRDMAFallbackReasons covers upgrades that cannot happen: each falls back with a
+// reason naming the cause, and the connection works.
+func TestRDMAFallbackReasons(t *testing.T) {
+	tests := []struct {
+		name       string
+		setup      func(fab *soft.Fabric, scfg, ccfg *Config)
+		clientWhy  error
+		serverWhy  error
+		clientPeer bool
+	}{
+		{
+			name:      "server has no provider",
+			setup:     func(fab *soft.Fabric, scfg, ccfg *Config) { scfg.Provider = nil },
+			clientWhy: ErrNoProvider, serverWhy: ErrNoProvider, clientPeer: true,
+		},
+		{
+			name:      "client has no provider",
+			setup:     func(fab *soft.Fabric, scfg, ccfg *Config) { ccfg.Provider = nil },
+			clientWhy: ErrNoProvider, serverWhy: ErrPeerOfferedNone,
+		},
+		{
+			name:      "registration fails on the client",
+			setup:     func(fab *soft.Fabric, scfg, ccfg *Config) { fab.FailAllocs(soft.AllocMR, 1) },
+			clientWhy: ErrResourcesExhausted, serverWhy: ErrPeerOfferedNone,
+		},
+		{
+			name:      "connection limit",
+			setup:     func(fab *soft.Fabric, scfg, ccfg *Config) { scfg.MaxRDMAConns, ccfg.MaxRDMAConns = -1, -1 },
+			clientWhy: nil,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fab := soft.New(soft.Options{})
+			scfg, ccfg := rdmaConfigs(t, FallbackTCP, fab)
+			tt.setup(fab, scfg, ccfg)
+			ln := listen(t, scfg)
+			c, s := pipe(t, ln, ccfg)
+			if tt.clientWhy == nil {
+				require.Equal(t, TransportRDMA, c.Transport(), "%v", c.FallbackReason())
+			} else {
+				require.Equal(t, TransportTCP, c.Transport())
+				require.ErrorIs(t, c.FallbackReason(), tt.clientWhy)
+				require.ErrorIs(t, s.FallbackReason(), tt.serverWhy)
+				require.Equal(t, tt.clientPeer, errors.Is(c.FallbackReason(), ErrPeerDeclined), "client reason %v", c.FallbackReason())
+			}
+			requireEcho(t, c, s)
+			c.Close()
+			s.Close()
+			ln.Close()
+			requireReleased(t, fab)
+		})
+	}
+}
+
+// TestRDMAConnLimit opens connections past MaxRDMAConns: the extra ones fall back to TCP
+// with ErrResourcesExhausted, and RDMA is used again once one closes.
+func TestRDMAConnLimit(t *testing.T) {
+	fab := soft.New(soft.Options{})
+	scfg, ccfg := rdmaConfigs(t, FallbackTCP, fab)
+	// Client and server share the fabric's one device here, so a limit of 4 admits
+	// two connections (each has an endpoint at both ends).
+	scfg.MaxRDMAConns, ccfg.MaxRDMAConns = 4, 4
+	ln := listen(t, scfg)
+	var conns []*Conn
+	for i := range 3 {
+		c, s := pipe(t, ln, ccfg)
+		conns = append(conns, c, s)
+		if i < 2 {
+			require.Equal(t, TransportRDMA, c.Transport(), "conn %d: %v", i, c.FallbackReason())
+			continue
+		}
+		require.Equal(t, TransportTCP, c.Transport(), "conn %d", i)
+		require.ErrorIs(t, c.FallbackReason(), ErrResourcesExhausted)
+		requireEcho(t, c, s)
+	}
+	conns[0].Close()
+	conns[1].Close()
+	c, s := pipe(t, ln, ccfg)
+	require.Equal(t, TransportRDMA, c.Transport(), "after a close: %v", c.FallbackReason())
+	conns = append(conns, c, s)
+	for _, c := range conns {
+		c.Close()
+	}
+	ln.Close()
+	requireReleased(t, fab)
+}
+
+// requireEcho sends a line each way.
+func requireEcho(t *testing.T, c, s *Conn) {
+	t.Helper()
+	for _, pair := range [][2]*Conn{{c, s}, {s, c}} {
+		_, err := pair[0].Write([]byte("ping"))
+		require.NoError(t, err)
+		b := make([]byte, 4)
+		_, err = io.ReadFull(pair[1], b)
+		require.NoError(t, err)
+		require.Equal(t, "ping", string(b))
+	}
+}

@@ -1,0 +1,333 @@
+//go:build rdma && linux && cgo
+
+package ibv
+
+/*
+#cgo CFLAGS: -D_GNU_SOURCE
+#cgo LDFLAGS: -ldl
+#include <dlfcn.h>
+#include <stdio.h>
+#include "shim.h"
+
+struct rsock_ibv_syms rsock_ibv;
+
+static char rsock_ibv_err[512];
+
+// rsock_ibv_sym resolves name at the given symbol version into *slot. With glibc it
+// asks for the exact version (the ABI verbs.h describes); a library built without
+// symbol versions, or a libc without dlvsym, gets the default version from dlsym.
+static int rsock_ibv_sym(void *h, void *slot, const char *name, const char *version)
+{
+	void *p = NULL;
+	const char *msg;
+
+#ifdef __GLIBC__
+	p = dlvsym(h, name, version);
+#else
+	(void)version;
+#endif
+	if (p == NULL)
+		p = dlsym(h, name);
+	if (p == NULL) {
+		msg = dlerror();
+		snprintf(rsock_ibv_err, sizeof(rsock_ibv_err), "dlsym %s: %s", name,
+			 msg != NULL ? msg : "not found");
+		return -1;
+	}
+	memcpy(slot, &p, sizeof(p));
+	return 0;
+}
+
+// rsock_ibv_load opens libibverbs.so.1 and resolves every function this package calls.
+// It returns NULL, or a message saying what failed. Called once (sync.Once in Go).
+static const char *rsock_ibv_load(void)
+{
+	const char *msg;
+	void *h;
+
+	h = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL);
+	if (h == NULL) {
+		msg = dlerror();
+		snprintf(rsock_ibv_err, sizeof(rsock_ibv_err), "dlopen libibverbs.so.1: %s",
+			 msg != NULL ? msg : "unknown error");
+		return rsock_ibv_err;
+	}
+#define SYM(field, name, version) \
+	if (rsock_ibv_sym(h, &rsock_ibv.field, name, version) != 0) goto fail
+	SYM(get_device_list, "ibv_get_device_list", "IBVERBS_1.1");
+	SYM(free_device_list, "ibv_free_device_list", "IBVERBS_1.1");
+	SYM(get_device_name, "ibv_get_device_name", "IBVERBS_1.1");
+	SYM(open_device, "ibv_open_device", "IBVERBS_1.1");
+	SYM(close_device, "ibv_close_device", "IBVERBS_1.1");
+	SYM(query_device, "ibv_query_device", "IBVERBS_1.1");
+	SYM(query_port, "ibv_query_port", "IBVERBS_1.1");
+	SYM(alloc_pd, "ibv_alloc_pd", "IBVERBS_1.1");
+	SYM(dealloc_pd, "ibv_dealloc_pd", "IBVERBS_1.1");
+	SYM(reg_mr, "ibv_reg_mr", "IBVERBS_1.1");
+	SYM(dereg_mr, "ibv_dereg_mr", "IBVERBS_1.1");
+	SYM(create_comp_channel, "ibv_create_comp_channel", "IBVERBS_1.0");
+	SYM(destroy_comp_channel, "ibv_destroy_comp_channel", "IBVERBS_1.0");
+	SYM(create_cq, "ibv_create_cq", "IBVERBS_1.1");
+	SYM(destroy_cq, "ibv_destroy_cq", "IBVERBS_1.1");
+	SYM(get_cq_event, "ibv_get_cq_event", "IBVERBS_1.1");
+	SYM(ack_cq_events, "ibv_ack_cq_events", "IBVERBS_1.1");
+	SYM(create_qp, "ibv_create_qp", "IBVERBS_1.1");
+	SYM(modify_qp, "ibv_modify_qp", "IBVERBS_1.1");
+	SYM(query_qp, "ibv_query_qp", "IBVERBS_1.1");
+	SYM(destroy_qp, "ibv_destroy_qp", "IBVERBS_1.1");
+	SYM(get_async_event, "ibv_get_async_event", "IBVERBS_1.1");
+	SYM(ack_async_event, "ibv_ack_async_event", "IBVERBS_1.1");
+#undef SYM
+	return NULL;
+
+fail:
+	memset(&rsock_ibv, 0, sizeof(rsock_ibv));
+	dlclose(h);
+	return rsock_ibv_err;
+}
+*/
+import "C"
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"syscall"
+	"unsafe"
+
+	"github.com/rsockio/rsock/verbs"
+)
+
+// Built reports whether this package was compiled with the rdma-core provider
+// (build tag rdma, on Linux, with cgo).
+const Built = true
+
+var (
+	loadOnce sync.Once
+	loadErr  error
+)
+
+// sysfsRoot is where queryPort reads GID tables; tests point it at a fake tree.
+var sysfsRoot = DefaultSysfsRoot
+
+// load opens libibverbs once per process. The library stays loaded for the life of
+// the process: contexts may be open anywhere, and libibverbs itself dlopens its
+// device drivers.
+func load() error {
+	loadOnce.Do(func() {
+		if msg := C.rsock_ibv_load(); msg != nil {
+			loadErr = &LibraryError{Msg: "ibv: " + C.GoString(msg)}
+		}
+	})
+	return loadErr
+}
+
+// Open loads libibverbs.so.1 and returns the rdma-core provider. It fails with a
+// *LibraryError when the library or one of its functions is missing, and with an
+// error matching verbs.ErrNoDevice when libibverbs finds no device.
+func Open() (verbs.Provider, error) {
+	if err := load(); err != nil {
+		return nil, err
+	}
+	names, err := deviceNames()
+	if err != nil {
+		return nil, err
+	}
+	if len(names) == 0 {
+		return nil, fmt.Errorf("ibv: %w: libibverbs lists none", verbs.ErrNoDevice)
+	}
+	return &provider{inline: make(map[string]int)}, nil
+}
+
+// provider implements verbs.Provider over libibverbs.
+type provider struct {
+	mu     sync.Mutex
+	inline map[string]int // device name -> probed max inline data
+}
+
+func (p *provider) Name() string { return "ibv" }
+
+// Devices lists every device libibverbs finds, each opened briefly to query it.
+func (p *provider) Devices() ([]verbs.DeviceAttr, error) {
+	list, n, err := getDeviceList()
+	if err != nil {
+		return nil, err
+	}
+	defer C.rsock_free_device_list(list)
+	var attrs []verbs.DeviceAttr
+	for _, dev := range unsafe.Slice(list, n) {
+		name := C.GoString(C.rsock_get_device_name(dev))
+		c, err := C.rsock_open_device(dev)
+		if c == nil {
+			return nil, errnoError("open device "+name, err, classCreate)
+		}
+		attr, err := p.describe(c, name)
+		C.rsock_close_device(c)
+		if err != nil {
+			return nil, err
+		}
+		attrs = append(attrs, attr)
+	}
+	return attrs, nil
+}
+
+// Open opens the named device.
+func (p *provider) Open(device string) (verbs.Context, error) {
+	list, n, err := getDeviceList()
+	if err != nil {
+		return nil, err
+	}
+	defer C.rsock_free_device_list(list)
+	for _, dev := range unsafe.Slice(list, n) {
+		if C.GoString(C.rsock_get_device_name(dev)) != device {
+			continue
+		}
+		c, err := C.rsock_open_device(dev)
+		if c == nil {
+			return nil, errnoError("open device "+device, err, classCreate)
+		}
+		return newContext(p, c, device)
+	}
+	return nil, fmt.Errorf("ibv: open device %q: %w", device, verbs.ErrNoDevice)
+}
+
+// getDeviceList wraps ibv_get_device_list; the caller frees the list.
+func getDeviceList() (**C.struct_ibv_device, int, error) {
+	var n C.int
+	list, err := C.rsock_get_device_list(&n)
+	if list == nil {
+		if err == nil {
+			err = syscall.ENODEV
+		}
+		reason := ""
+		if errors.Is(err, syscall.ENOSYS) {
+			reason = " (no kernel RDMA support)"
+		}
+		return nil, 0, fmt.Errorf("ibv: %w: ibv_get_device_list: %w%s", verbs.ErrNoDevice, err, reason)
+	}
+	return list, int(n), nil
+}
+
+func deviceNames() ([]string, error) {
+	list, n, err := getDeviceList()
+	if err != nil {
+		return nil, err
+	}
+	defer C.rsock_free_device_list(list)
+	names := make([]string, 0, n)
+	for _, dev := range unsafe.Slice(list, n) {
+		names = append(names, C.GoString(C.rsock_get_device_name(dev)))
+	}
+	return names, nil
+}
+
+// describe fills a DeviceAttr from ibv_query_device, ibv_query_port for every port,
+// the ports' GID tables from sysfs, and a probed max inline size.
+func (p *provider) describe(c *C.struct_ibv_context, name string) (verbs.DeviceAttr, error) {
+	var a C.struct_ibv_device_attr
+	if rc, err := C.rsock_query_device(c, &a); rc != 0 {
+		return verbs.DeviceAttr{}, errnoError("query device "+name, errnoOf(int(rc), err), classOther)
+	}
+	attr := verbs.DeviceAttr{
+		Name: name,
+		// ibv_query_device(3): node_guid is in network byte order.
+		NodeGUID:  binary.BigEndian.Uint64((*[8]byte)(unsafe.Pointer(&a.node_guid))[:]),
+		MaxQP:     int(a.max_qp),
+		MaxQPWR:   int(a.max_qp_wr),
+		MaxSGE:    int(a.max_sge),
+		MaxCQ:     int(a.max_cq),
+		MaxCQE:    int(a.max_cqe),
+		MaxMR:     int(a.max_mr),
+		MaxMRSize: uint64(a.max_mr_size),
+	}
+	for num := 1; num <= int(a.phys_port_cnt); num++ {
+		port, err := queryPort(c, name, uint8(num))
+		if err != nil {
+			return verbs.DeviceAttr{}, err
+		}
+		attr.Ports = append(attr.Ports, port)
+	}
+	attr.MaxInline = p.maxInline(c, name)
+	return attr, nil
+}
+
+// queryPort fills a PortAttr from ibv_query_port and the port's GID table from sysfs.
+func queryPort(c *C.struct_ibv_context, device string, num uint8) (verbs.PortAttr, error) {
+	var pa C.struct_ibv_port_attr
+	if rc, err := C.rsock_query_port(c, C.uint8_t(num), &pa); rc != 0 {
+		return verbs.PortAttr{}, errnoError(fmt.Sprintf("query port %d of %s", num, device), errnoOf(int(rc), err), classOther)
+	}
+	port := verbs.PortAttr{
+		Num:       num,
+		State:     verbs.PortState(pa.state),
+		MaxMTU:    verbs.MTU(pa.max_mtu),
+		ActiveMTU: verbs.MTU(pa.active_mtu),
+		LID:       uint16(pa.lid),
+	}
+	switch pa.link_layer {
+	case C.IBV_LINK_LAYER_INFINIBAND:
+		port.LinkLayer = verbs.LinkLayerInfiniBand
+	case C.IBV_LINK_LAYER_ETHERNET:
+		port.LinkLayer = verbs.LinkLayerEthernet
+	default:
+		port.LinkLayer = verbs.LinkLayerUnspecified
+	}
+	gids, err := ReadGIDTable(sysfsRoot, device, num)
+	if err != nil {
+		return verbs.PortAttr{}, err
+	}
+	port.GIDs = gids
+	return port, nil
+}
+
+// inlineProbe are the max_inline_data values maxInline tries, largest first.
+var inlineProbe = []int{1024, 512, 256, 128, 64, 32}
+
+// maxInline finds the largest inline payload a QP of the device can be created with.
+// ibv_query_device does not report it, so a throwaway RC QP (one WR, one SGE) is
+// created with decreasing max_inline_data until the device accepts one; the device
+// reports the size it granted in the QP's caps. The result is cached per device name;
+// 0 means no probe succeeded.
+func (p *provider) maxInline(c *C.struct_ibv_context, name string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if n, ok := p.inline[name]; ok {
+		return n
+	}
+	n := probeInline(c)
+	p.inline[name] = n
+	return n
+}
+
+func probeInline(c *C.struct_ibv_context) int {
+	pd := C.rsock_alloc_pd(c)
+	if pd == nil {
+		return 0
+	}
+	defer C.rsock_dealloc_pd(pd)
+	cq := C.rsock_create_cq(c, 2, nil)
+	if cq == nil {
+		return 0
+	}
+	defer C.rsock_destroy_cq(cq)
+	for _, want := range inlineProbe {
+		var ia C.struct_ibv_qp_init_attr
+		ia.send_cq = cq
+		ia.recv_cq = cq
+		ia.qp_type = C.IBV_QPT_RC
+		ia.cap.max_send_wr = 1
+		ia.cap.max_recv_wr = 1
+		ia.cap.max_send_sge = 1
+		ia.cap.max_recv_sge = 1
+		ia.cap.max_inline_data = C.uint32_t(want)
+		qp := C.rsock_create_qp(pd, &ia)
+		if qp == nil {
+			continue
+		}
+		got := int(ia.cap.max_inline_data)
+		C.rsock_destroy_qp(qp)
+		return got
+	}
+	return 0
+}

@@ -1,0 +1,150 @@
+package soft
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/rsockio/rsock/verbs"
+)
+
+// refs tracks whether an object is closed and how many objects created from it are alive,
+// so that closing an object that is still in use fails with verbs.ErrBusy, as destroying
+// a PD with registered MRs or a CQ with attached QPs fails with EBUSY.
+type refs struct {
+	mu     sync.Mutex
+	closed bool
+	n      int
+}
+
+// acquire records a new dependent object, or fails if the object is closed.
+func (r *refs) acquire() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return verbs.ErrClosed
+	}
+	r.n++
+	return nil
+}
+
+func (r *refs) release() {
+	r.mu.Lock()
+	r.n--
+	r.mu.Unlock()
+}
+
+// close marks the object closed unless it is already closed or still has dependents.
+func (r *refs) close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return verbs.ErrClosed
+	}
+	if r.n > 0 {
+		return verbs.ErrBusy
+	}
+	r.closed = true
+	return nil
+}
+
+// Context is an open soft device. It implements [verbs.Context].
+type Context struct {
+	dev  *device
+	refs refs // PDs, CQs and completion channels
+}
+
+// Device returns the device's attributes.
+func (c *Context) Device() verbs.DeviceAttr { return c.dev.attrCopy() }
+
+// QueryPort returns the attributes of port num; soft devices have port 1 only.
+func (c *Context) QueryPort(num uint8) (verbs.PortAttr, error) {
+	if num != 1 {
+		return verbs.PortAttr{}, fmt.Errorf("soft: query port %d: %w", num, verbs.ErrInvalidArgument)
+	}
+	return c.dev.attrCopy().Ports[0], nil
+}
+
+// AllocPD allocates a protection domain.
+func (c *Context) AllocPD() (verbs.PD, error) {
+	if err := c.dev.fab.injectedFailure(AllocPD); err != nil {
+		return nil, fmt.Errorf("soft: alloc PD: %w", err)
+	}
+	if err := c.refs.acquire(); err != nil {
+		return nil, fmt.Errorf("soft: alloc PD: %w", err)
+	}
+	c.dev.fab.live.pds.Add(1)
+	return &PD{ctx: c}, nil
+}
+
+// CreateCompChannel creates a completion channel.
+func (c *Context) CreateCompChannel() (verbs.CompChannel, error) {
+	if err := c.dev.fab.injectedFailure(AllocCompChannel); err != nil {
+		return nil, fmt.Errorf("soft: create completion channel: %w", err)
+	}
+	if err := c.refs.acquire(); err != nil {
+		return nil, fmt.Errorf("soft: create completion channel: %w", err)
+	}
+	c.dev.fab.live.channels.Add(1)
+	return newCompChannel(c), nil
+}
+
+// CreateCQ creates a CQ that holds exactly cqe completions. ch may be nil; otherwise it must
+// be a channel of this context.
+func (c *Context) CreateCQ(cqe int, ch verbs.CompChannel) (verbs.CQ, error) {
+	if cqe < 1 || cqe > c.dev.attr.MaxCQE {
+		return nil, fmt.Errorf("soft: create CQ of %d entries (device max %d): %w", cqe, c.dev.attr.MaxCQE, verbs.ErrInvalidArgument)
+	}
+	var sch *CompChannel
+	if ch != nil {
+		var ok bool
+		if sch, ok = ch.(*CompChannel); !ok || sch.ctx != c {
+			return nil, fmt.Errorf("soft: create CQ: completion channel is not from this context: %w", verbs.ErrInvalidArgument)
+		}
+	}
+	if err := c.dev.fab.injectedFailure(AllocCQ); err != nil {
+		return nil, fmt.Errorf("soft: create CQ: %w", err)
+	}
+	if !reserve(&c.dev.nCQ, c.dev.attr.MaxCQ) {
+		return nil, fmt.Errorf("soft: create CQ: device limit of %d CQs: %w", c.dev.attr.MaxCQ, verbs.ErrNoResources)
+	}
+	if err := c.refs.acquire(); err != nil {
+		c.dev.nCQ.Add(-1)
+		return nil, fmt.Errorf("soft: create CQ: %w", err)
+	}
+	if sch != nil {
+		if err := sch.refs.acquire(); err != nil {
+			c.refs.release()
+			c.dev.nCQ.Add(-1)
+			return nil, fmt.Errorf("soft: create CQ: completion channel: %w", err)
+		}
+	}
+	c.dev.fab.live.cqs.Add(1)
+	return &CQ{ctx: c, ch: sch, ring: make([]cqEntry, cqe)}, nil
+}
+
+// Close closes the context. PDs, CQs and channels created from it must be closed first.
+func (c *Context) Close() error {
+	if err := c.refs.close(); err != nil {
+		return fmt.Errorf("soft: close context: %w", err)
+	}
+	c.dev.fab.live.contexts.Add(-1)
+	return nil
+}
+
+// PD is a protection domain. It implements [verbs.PD]. MRs and QPs work together only when
+// they belong to the same PD: a work request naming another PD's region fails with a
+// protection error.
+type PD struct {
+	ctx  *Context
+	refs refs // MRs and QPs
+}
+
+// Close deallocates the protection domain. Its MRs and QPs must be closed first.
+func (p *PD) Close() error {
+	if err := p.refs.close(); err != nil {
+		return fmt.Errorf("soft: dealloc PD: %w", err)
+	}
+	p.ctx.refs.release()
+	p.ctx.dev.fab.live.pds.Add(-1)
+	return nil
+}

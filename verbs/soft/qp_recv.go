@@ -1,0 +1,228 @@
+package soft
+
+import "github.com/rsockio/rsock/verbs"
+
+// PostRecv posts receive requests. Receives may be posted from INIT on; in ERROR they are
+// flushed at once.
+func (q *QP) PostRecv(wrs []verbs.RecvWR) error {
+	q.rq.mu.Lock()
+	var err error
+	for i := range wrs {
+		if e := q.postRecvLocked(&wrs[i]); e != nil {
+			err = &verbs.PostError{Index: i, Err: e}
+			break
+		}
+	}
+	q.rq.mu.Unlock()
+	return err
+}
+
+func (q *QP) postRecvLocked(w *verbs.RecvWR) error {
+	if q.closed.Load() {
+		return errPostClosed
+	}
+	st := q.State()
+	if st == verbs.QPStateReset {
+		return errPostRecvState
+	}
+	if len(w.SGL) > q.caps.MaxRecvSGE {
+		return errRecvSGEs
+	}
+	if q.rq.posted-q.rqPolled.Load() >= uint64(q.caps.MaxRecvWR) {
+		return errRecvQueueFull
+	}
+	q.rq.posted++
+	i := q.rq.head + q.rq.n
+	if i >= len(q.rq.ring) {
+		i -= len(q.rq.ring)
+	}
+	r := &q.rq.ring[i]
+	k := i * q.caps.MaxRecvSGE
+	r.id, r.sgl = w.ID, q.rq.sges[k:k+len(w.SGL):k+len(w.SGL)]
+	copy(r.sgl, w.SGL)
+	q.rq.n++
+	if st == verbs.QPStateError {
+		q.flushRecvLocked()
+	}
+	return nil
+}
+
+// recvCompleteLocked completes the receive WQE at the head of the queue, which is r.
+func (q *QP) recvCompleteLocked(r *rwqe, wc *verbs.WorkCompletion, solicited bool) {
+	switch wc.Status {
+	case verbs.WCSuccess:
+	case verbs.WCWRFlushErr:
+		q.dev.stats.flushed.Add(1)
+	default:
+		q.dev.stats.errors.Add(1)
+	}
+	*r = rwqe{}
+	q.rq.head++
+	if q.rq.head == len(q.rq.ring) {
+		q.rq.head = 0
+	}
+	q.rq.n--
+	if !q.recvCQ.push(wc, q, 0, 1, solicited) {
+		q.fail()
+	}
+}
+
+// acceptsLocked reports whether this QP, as responder, takes requests from requester r
+// now: it must be ready to receive and connected back to r with the PSN r sends next.
+// Anything else is a request the responder drops, which the requester sees as a loss.
+func (q *QP) acceptsLocked(r *QP) bool {
+	if q.closed.Load() {
+		return false
+	}
+	if st := q.State(); st != verbs.QPStateRTR && st != verbs.QPStateRTS {
+		return false
+	}
+	return q.rq.srcDev == r.dev && q.rq.srcQPN == r.qpn && q.rq.epsn == r.sq.psn
+}
+
+// respondLocked executes request e from requester r at this QP, the responder. The
+// caller holds r.sq.mu and q.rq.mu; r.sq.vec holds the request's local buffers. It
+// returns the status for the requester, or rnr when a receive WQE was needed and none was
+// posted. Responder-side errors complete the receive WQE in error and move this QP to
+// ERROR as well.
+func (q *QP) respondLocked(r *QP, e *wqe) (status verbs.WCStatus, rnr bool) {
+	n := e.length
+	switch e.op {
+	case verbs.OpSend, verbs.OpSendWithImm:
+		if q.rq.n == 0 {
+			return 0, true
+		}
+		w := &q.rq.ring[q.rq.head]
+		if st := q.resolveRecvLocked(w, n); st != verbs.WCSuccess {
+			q.responderFailLocked(w, st)
+			if st == verbs.WCLocLenErr {
+				return verbs.WCRemInvReqErr, false // "message too long" is an invalid request
+			}
+			return verbs.WCRemOpErr, false
+		}
+		copyVec(q.rq.vec, r.sq.vec)
+		wc := verbs.WorkCompletion{WRID: w.id, Opcode: verbs.WCRecv, ByteLen: n, QPN: q.qpn, SrcQP: r.qpn}
+		if e.op == verbs.OpSendWithImm {
+			wc.Imm, wc.Flags = e.imm, verbs.WCWithImm
+		}
+		q.recvCompleteLocked(w, &wc, e.flags&verbs.SendSolicited != 0)
+
+	case verbs.OpRDMAWrite, verbs.OpRDMAWriteWithImm:
+		imm := e.op == verbs.OpRDMAWriteWithImm
+		if imm && q.rq.n == 0 {
+			return 0, true
+		}
+		dst, ok := q.remoteLocked(e, n, verbs.AccessRemoteWrite)
+		if !ok {
+			q.responderFailLocked(nil, 0)
+			return verbs.WCRemAccessErr, false
+		}
+		gather(dst, r.sq.vec) // the payload lands before the receive completion exists
+		if imm {
+			w := &q.rq.ring[q.rq.head]
+			wc := verbs.WorkCompletion{WRID: w.id, Opcode: verbs.WCRecvRDMAWithImm, ByteLen: n, Imm: e.imm,
+				QPN: q.qpn, SrcQP: r.qpn, Flags: verbs.WCWithImm}
+			q.recvCompleteLocked(w, &wc, e.flags&verbs.SendSolicited != 0)
+		}
+
+	case verbs.OpRDMARead:
+		src, ok := q.remoteLocked(e, n, verbs.AccessRemoteRead)
+		if !ok {
+			q.responderFailLocked(nil, 0)
+			return verbs.WCRemAccessErr, false
+		}
+		scatter(r.sq.vec, src)
+	}
+	q.rq.epsn = (q.rq.epsn + packets(n, q.rq.mtu)) & psnMask
+	return verbs.WCSuccess, false
+}
+
+// remoteLocked checks a remote access of n bytes at e.raddr with e.rkey and returns the
+// target bytes: the QP must allow the access, and the key must name a region of this QP's
+// PD that allows it and holds all n bytes. As the InfiniBand specification has it, a
+// zero-length access checks neither key nor address.
+func (q *QP) remoteLocked(e *wqe, n uint32, need verbs.AccessFlags) ([]byte, bool) {
+	if q.rq.access&need == 0 {
+		return nil, false
+	}
+	if n == 0 {
+		return nil, true
+	}
+	m := q.dev.mrs.lookup(e.rkey)
+	if m == nil || m.pd != q.pd || m.access&need == 0 {
+		return nil, false
+	}
+	return m.slice(e.raddr, n)
+}
+
+// resolveRecvLocked checks that receive WQE w can take n bytes and resolves the buffers
+// the message fills into q.rq.vec. A message longer than the WQE's buffers is a local
+// length error; a buffer that is not writable memory of this QP's PD a protection error.
+func (q *QP) resolveRecvLocked(w *rwqe, n uint32) verbs.WCStatus {
+	var capacity uint64
+	for _, s := range w.sgl {
+		capacity += uint64(s.Length)
+	}
+	if uint64(n) > capacity {
+		return verbs.WCLocLenErr
+	}
+	vec := q.rq.vec[:0]
+	for _, s := range w.sgl {
+		if n == 0 {
+			break
+		}
+		l := min(n, s.Length)
+		m := q.dev.mrs.lookup(s.LKey)
+		if m == nil || m.pd != q.pd || m.access&verbs.AccessLocalWrite == 0 {
+			return verbs.WCLocProtErr
+		}
+		b, ok := m.slice(s.Addr, l)
+		if !ok {
+			return verbs.WCLocProtErr
+		}
+		vec = append(vec, b)
+		n -= l
+	}
+	q.rq.vec = vec
+	return verbs.WCSuccess
+}
+
+// responderFailLocked handles a fatal responder error: receive WQE w, if not nil, completes
+// with status, the QP moves to ERROR and its remaining receive WQEs are flushed; its send
+// queue is flushed by its timer.
+func (q *QP) responderFailLocked(w *rwqe, status verbs.WCStatus) {
+	q.fail()
+	if w != nil {
+		q.recvCompleteLocked(w, &verbs.WorkCompletion{WRID: w.id, Status: status, Opcode: verbs.WCRecv, QPN: q.qpn}, true)
+	}
+	q.flushRecvLocked()
+}
+
+// gather copies the buffers of src, in order, into dst.
+func gather(dst []byte, src [][]byte) {
+	for _, s := range src {
+		dst = dst[copy(dst, s):]
+	}
+}
+
+// scatter copies src into the buffers of dst, in order.
+func scatter(dst [][]byte, src []byte) {
+	for _, d := range dst {
+		src = src[copy(d, src):]
+	}
+}
+
+// copyVec copies the buffers of src, in order, into the buffers of dst, which hold at
+// least as many bytes.
+func copyVec(dst, src [][]byte) {
+	di, off := 0, 0
+	for _, s := range src {
+		for len(s) > 0 && di < len(dst) {
+			n := copy(dst[di][off:], s)
+			s, off = s[n:], off+n
+			if off == len(dst[di]) {
+				di, off = di+1, 0
+			}
+		}
+	}
+}

@@ -1,0 +1,223 @@
+package verbstest
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rsockio/rsock/verbs"
+)
+
+// testSendQueueOverflow: with max_send_wr WRs outstanding, the next post fails at once
+// with ErrQueueFull, naming the first rejected request of the batch; slots come back when
+// completions are polled.
+func testSendQueueOverflow(t *testing.T, p verbs.Provider) {
+	cfg := defaults()
+	cfg.caps.MaxSendWR = 16
+	bcfg := cfg
+	bcfg.caps.MaxRecvWR = 1024
+	a, b := newPair(t, p, cfg, bcfg)
+
+	// SENDs to a peer without receive WQEs stall in RNR retries (forever), so they stay
+	// outstanding however fast the provider is.
+	capacity := 0
+	for ; capacity < fillLimit(16); capacity++ {
+		err := a.qp.PostSend([]verbs.SendWR{sendWR(uint64(capacity), a.mr, 0, 0, verbs.SendSignaled)})
+		if err != nil {
+			requirePostError(t, err, 0, verbs.ErrQueueFull)
+			break
+		}
+	}
+	require.GreaterOrEqual(t, capacity, 16, "send queue refused WRs below max_send_wr")
+	require.Less(t, capacity, fillLimit(16), "send queue never filled")
+	if c := sendCapacity(a.qp); c > 0 {
+		require.Equal(t, c, capacity, "send queue capacity")
+	}
+	err := a.qp.PostSend([]verbs.SendWR{sendWR(999, a.mr, 0, 0, verbs.SendSignaled)})
+	requirePostError(t, err, 0, verbs.ErrQueueFull)
+
+	// Let them complete; until polled, their slots stay taken.
+	postRecvs(t, b.qp, 0, capacity)
+	wcs := pollN(t, a.scq, capacity)
+	for i, wc := range wcs {
+		requireWC(t, wc, uint64(i), verbs.WCSuccess)
+	}
+	pollN(t, b.rcq, capacity)
+
+	// A batch one longer than the queue: all but the last are posted.
+	batch := make([]verbs.SendWR, capacity+1)
+	for i := range batch {
+		batch[i] = writeWR(uint64(1000+i), a.mr, 0, 8, b.mr, 0, verbs.OpRDMAWrite, verbs.SendSignaled)
+	}
+	requirePostError(t, a.qp.PostSend(batch), capacity, verbs.ErrQueueFull)
+	wcs = pollN(t, a.scq, capacity)
+	for i, wc := range wcs {
+		requireWC(t, wc, uint64(1000+i), verbs.WCSuccess)
+	}
+	requireEmpty(t, a.scq, "the rejected request of the batch was not posted")
+}
+
+// testRecvQueueOverflow: with max_recv_wr receive WRs outstanding, the next post fails at
+// once with ErrQueueFull; a slot comes back when its completion is polled.
+func testRecvQueueOverflow(t *testing.T, p verbs.Provider) {
+	cfg := defaults()
+	bcfg := cfg
+	bcfg.caps.MaxRecvWR = 16
+	a, b := newPair(t, p, cfg, bcfg)
+
+	capacity := 0
+	for ; capacity < fillLimit(16); capacity++ {
+		err := b.qp.PostRecv([]verbs.RecvWR{{ID: uint64(capacity)}})
+		if err != nil {
+			requirePostError(t, err, 0, verbs.ErrQueueFull)
+			break
+		}
+	}
+	require.GreaterOrEqual(t, capacity, 16, "receive queue refused WRs below max_recv_wr")
+	require.Less(t, capacity, fillLimit(16), "receive queue never filled")
+	if c := recvCapacity(b.qp); c > 0 {
+		require.Equal(t, c, capacity, "receive queue capacity")
+	}
+
+	// Consume one; its slot is free once its completion is polled.
+	post(t, a.qp, writeWR(1, a.mr, 0, 0, b.mr, 0, verbs.OpRDMAWriteWithImm, verbs.SendSignaled))
+	requireWC(t, pollOne(t, a.scq), 1, verbs.WCSuccess)
+	requireWC(t, pollOne(t, b.rcq), 0, verbs.WCSuccess)
+	err := b.qp.PostRecv([]verbs.RecvWR{{ID: 100}, {ID: 101}})
+	requirePostError(t, err, 1, verbs.ErrQueueFull)
+
+	// The receive WQEs are consumed in order: 1, 2, ..., then 100.
+	for i := 1; i < capacity; i++ {
+		post(t, a.qp, writeWR(uint64(i), a.mr, 0, 0, b.mr, 0, verbs.OpRDMAWriteWithImm, verbs.SendSignaled))
+		requireWC(t, pollOne(t, a.scq), uint64(i), verbs.WCSuccess)
+		requireWC(t, pollOne(t, b.rcq), uint64(i), verbs.WCSuccess)
+	}
+	post(t, a.qp, writeWR(500, a.mr, 0, 0, b.mr, 0, verbs.OpRDMAWriteWithImm, verbs.SendSignaled))
+	requireWC(t, pollOne(t, b.rcq), 100, verbs.WCSuccess)
+}
+
+// testUnsignaledNoCompletion: unsignaled WRs execute but produce no completion; the next
+// signaled WR produces exactly one.
+func testUnsignaledNoCompletion(t *testing.T, p verbs.Provider) {
+	a, b := newPair(t, p, defaults())
+	const n = 8
+	for i := range n {
+		a.mr.Bytes()[i] = byte(0x80 + i)
+		post(t, a.qp, writeWR(uint64(i), a.mr, i, 1, b.mr, i, verbs.OpRDMAWrite, 0))
+	}
+	waitFor(t, "unsignaled writes to land", func() bool { return b.mr.Bytes()[n-1] == byte(0x80+n-1) })
+	require.Equal(t, a.mr.Bytes()[:n], b.mr.Bytes()[:n])
+	requireEmpty(t, a.scq, "unsignaled writes")
+
+	post(t, a.qp, writeWR(100, a.mr, 0, 4, b.mr, 100, verbs.OpRDMAWrite, verbs.SendSignaled))
+	requireWC(t, pollOne(t, a.scq), 100, verbs.WCSuccess)
+	requireEmpty(t, a.scq, "one signaled write after unsignaled ones")
+
+	// With SignalAll every WR is signaled, flag or not.
+	cfg := defaults()
+	cfg.signalAll = true
+	c, d := newPair(t, p, cfg)
+	post(t, c.qp, writeWR(1, c.mr, 0, 4, d.mr, 0, verbs.OpRDMAWrite, 0), writeWR(2, c.mr, 0, 4, d.mr, 0, verbs.OpRDMAWrite, 0))
+	wcs := pollN(t, c.scq, 2)
+	requireWC(t, wcs[0], 1, verbs.WCSuccess)
+	requireWC(t, wcs[1], 2, verbs.WCSuccess)
+}
+
+// testUnsignaledSlotsFreedBySignaled: unsignaled WRs keep their send-queue slots after
+// they executed, until a later signaled WR completes and its completion is polled.
+func testUnsignaledSlotsFreedBySignaled(t *testing.T, p verbs.Provider) {
+	cfg := defaults()
+	cfg.caps.MaxSendWR = 8
+
+	// Fill a send queue with unsignaled writes: they all execute, and the queue stays full.
+	a, b := newPair(t, p, cfg)
+	capacity := 0
+	for ; capacity < fillLimit(8); capacity++ {
+		b.mr.Bytes()[capacity] = 0
+		a.mr.Bytes()[capacity] = byte(capacity + 1)
+		err := a.qp.PostSend([]verbs.SendWR{writeWR(uint64(capacity), a.mr, capacity, 1, b.mr, capacity, verbs.OpRDMAWrite, 0)})
+		if err != nil {
+			requirePostError(t, err, 0, verbs.ErrQueueFull)
+			break
+		}
+	}
+	require.GreaterOrEqual(t, capacity, 8)
+	require.Less(t, capacity, fillLimit(8), "send queue of unsignaled WRs never filled")
+	if c := sendCapacity(a.qp); c > 0 {
+		require.Equal(t, c, capacity, "send queue capacity")
+	}
+	last := capacity - 1
+	waitFor(t, "unsignaled writes to execute", func() bool { return b.mr.Bytes()[last] == byte(last+1) })
+	requireEmpty(t, a.scq, "unsignaled writes")
+	err := a.qp.PostSend([]verbs.SendWR{writeWR(99, a.mr, 0, 1, b.mr, 0, verbs.OpRDMAWrite, verbs.SendSignaled)})
+	requirePostError(t, err, 0, verbs.ErrQueueFull)
+
+	// capacity-1 unsignaled and one signaled: polling the one completion frees them all.
+	c, d := newPair(t, p, cfg)
+	for i := range capacity - 1 {
+		post(t, c.qp, writeWR(uint64(i), c.mr, 0, 1, d.mr, 0, verbs.OpRDMAWrite, 0))
+	}
+	post(t, c.qp, writeWR(50, c.mr, 0, 1, d.mr, 0, verbs.OpRDMAWrite, verbs.SendSignaled))
+	// Whether or not it has completed, its completion is not polled: the queue is full.
+	err = c.qp.PostSend([]verbs.SendWR{writeWR(98, c.mr, 0, 1, d.mr, 0, verbs.OpRDMAWrite, verbs.SendSignaled)})
+	requirePostError(t, err, 0, verbs.ErrQueueFull)
+	requireWC(t, pollOne(t, c.scq), 50, verbs.WCSuccess)
+	requireEmpty(t, c.scq, "one signaled WR behind unsignaled ones")
+	batch := make([]verbs.SendWR, capacity)
+	for i := range batch {
+		batch[i] = writeWR(uint64(100+i), c.mr, 0, 1, d.mr, 0, verbs.OpRDMAWrite, 0)
+	}
+	batch[capacity-1].Flags = verbs.SendSignaled
+	require.NoError(t, c.qp.PostSend(batch), "a full queue's worth after polling the signaled completion")
+	requireWC(t, pollOne(t, c.scq), uint64(100+capacity-1), verbs.WCSuccess)
+}
+
+// testCQOverflow: a CQ holds as many completions as it reports; one more overflows it,
+// and Poll then fails with ErrCQOverflow.
+func testCQOverflow(t *testing.T, p verbs.Provider) {
+	cfg := defaults()
+	cfg.sendCQE = 4
+	cfg.caps.MaxSendWR = 128
+	a, b := newPair(t, p, cfg)
+
+	capacity := 0
+	if c, ok := a.scq.(CapacityReporter); ok {
+		capacity = c.Capacity()
+		require.GreaterOrEqual(t, capacity, 4, "CQ capacity")
+		// Exactly capacity completions fit.
+		for i := range capacity {
+			post(t, a.qp, writeWR(uint64(i), a.mr, 0, 8, b.mr, 0, verbs.OpRDMAWrite, verbs.SendSignaled))
+		}
+		wcs := pollN(t, a.scq, capacity)
+		requireWC(t, wcs[capacity-1], uint64(capacity-1), verbs.WCSuccess)
+	}
+	// One more than the CQ holds (or, without a reported capacity, the whole send queue).
+	n, landed := capacity+1, capacity+1
+	if capacity == 0 {
+		n, landed = cfg.caps.MaxSendWR, cfg.sendCQE+1
+	}
+	for i := range n {
+		a.mr.Bytes()[i] = byte(i + 1)
+		post(t, a.qp, writeWR(uint64(100+i), a.mr, i, 1, b.mr, i, verbs.OpRDMAWrite, verbs.SendSignaled))
+	}
+	waitFor(t, "writes to land", func() bool { return b.mr.Bytes()[landed-1] == byte(landed) })
+	// Give completions that follow the data a moment on hardware.
+	time.Sleep(20 * time.Millisecond)
+	var wc [64]verbs.WorkCompletion
+	overflowed := false
+	for range 64 {
+		k, err := a.scq.Poll(wc[:])
+		if err != nil {
+			require.ErrorIs(t, err, verbs.ErrCQOverflow)
+			overflowed = true
+			break
+		}
+		if k == 0 {
+			break
+		}
+	}
+	require.True(t, overflowed, "CQ of %d entries took %d completions without overflowing", cfg.sendCQE, n)
+	_, err := a.scq.Poll(wc[:])
+	require.ErrorIs(t, err, verbs.ErrCQOverflow, "an overflowed CQ stays unusable")
+}

@@ -1,0 +1,168 @@
+// Package verbstest is the conformance suite of package verbs: it states, as tests, the
+// rules an RC provider must obey, and runs them against any [verbs.Provider]. Every
+// provider's tests call [Run]: verbs/soft always, verbs/ibv where a device exists.
+//
+// # Usage
+//
+//	func TestConformance(t *testing.T) {
+//		verbstest.Run(t, func(t *testing.T) verbs.Provider { return newProvider(t) })
+//	}
+//
+// Each rule is a subtest with its own provider, named after the rule, so that
+// `go test -run 'Conformance/Ordering'` runs one:
+//
+//   - StateMachine, PostSendRequiresRTS: the QP state machine; sends only in RTS.
+//   - SendQueueOverflow, RecvQueueOverflow: posting past max_send_wr or max_recv_wr
+//     outstanding fails at once with ErrQueueFull, naming the rejected request.
+//   - RNRRetryExceeded, RNRRetryForever: a SEND or WRITE_WITH_IMM without a receive WQE
+//     is retried rnr_retry times (7: forever), then fails with RNR_RETRY_EXC_ERR.
+//   - RemoteAccessBadRKey, RemoteAccessBounds, RemoteAccessFlags: rkey, bounds and access
+//     rights are checked; a violation is REM_ACCESS_ERR and both QPs go to ERROR.
+//   - SendLongerThanRecvBuffer: REM_INV_REQ_ERR and LOC_LEN_ERR, both QPs in ERROR.
+//   - Ordering, WriteWithImmVisibleBeforeCompletion: per-QP order of execution and
+//     completion; RDMA write data is in place when its receive completion is polled.
+//   - UnsignaledNoCompletion, UnsignaledSlotsFreedBySignaled: unsignaled WRs complete
+//     silently and hold their send-queue slots until a later completion is polled.
+//   - CQOverflow: a completion beyond the CQ's capacity makes Poll fail with
+//     ErrCQOverflow.
+//   - ErrorFlush, PostInErrorFlushes: in ERROR every outstanding or newly posted WR
+//     completes with WR_FLUSH_ERR, in order, unsignaled ones included.
+//   - DeadPeer: requests to a destroyed, reset, failed or unconnected peer end in
+//     RETRY_EXC_ERR.
+//   - FaultBreakLink, FaultRepairLink, FaultDelay, FaultFailQP, FaultAllocFailure: the
+//     behaviour of injected faults, for providers that implement [Faults].
+//
+// The remaining subtests (LocalProtection, RTRReceives, SendWithImmScatter,
+// ZeroLengthRecv, InlineSend, RDMARead, CompChannelWait, CompChannelSolicitedOnly,
+// CloseInUse) check the operations the rules are built on.
+//
+// # Timing
+//
+// The suite runs on real devices too, so it never asserts that something happens within a
+// time: it polls with a generous overall deadline, and asserts only lower bounds ("not
+// before the injected delay") and absence where the absence is already decided when the
+// check runs (a request queued behind a stalled one). Transport timers use hardware
+// settings: ACK timeout 14 (67 ms) with 3 retries, RNR timer 12 (0.64 ms).
+//
+// # Optional interfaces
+//
+// Hardware rounds queue and CQ sizes up, so the suite asks a QP for the capacities it
+// really has through [CapsReporter] and a CQ through [CapacityReporter]; a provider that
+// can report them should. Without them the suite finds queue capacities by filling the
+// queues and checks CQ overflow against a bound. Fault injection tests need [Faults]; a
+// provider without it skips them, saying so.
+package verbstest
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/rsockio/rsock/verbs"
+)
+
+// Faults is implemented by providers that can inject faults (verbs/soft does).
+type Faults interface {
+	// BreakQP loses every request qp sends or is sent until RepairQP: the requester
+	// retransmits and, once its retry count is spent, completes with RETRY_EXC_ERR.
+	BreakQP(qp verbs.QP) error
+	// RepairQP undoes BreakQP; requests awaiting retransmission are delivered.
+	RepairQP(qp verbs.QP) error
+	// DelayQP delays the delivery of each request qp posts from now on by d.
+	DelayQP(qp verbs.QP, d time.Duration) error
+	// FailQP moves qp to ERROR as a fatal asynchronous error does.
+	FailQP(qp verbs.QP) error
+	// FailAllocs makes the next n allocations of kind fail with verbs.ErrNoResources.
+	// Kinds: "context" (Open), "pd", "mr", "cq", "qp", "channel" (CreateCompChannel).
+	FailAllocs(kind string, n int) error
+}
+
+// CapsReporter is implemented by QPs that report the capacities they were given, which
+// may exceed those asked for.
+type CapsReporter interface {
+	Caps() verbs.QPCaps
+}
+
+// CapacityReporter is implemented by CQs that report how many completions they hold.
+type CapacityReporter interface {
+	Capacity() int
+}
+
+// Transport settings the suite connects QPs with.
+const (
+	ackTimeout = 14 // 4.096 µs × 2^14 ≈ 67 ms
+	retryCount = 3
+	rnrTimer   = 12 // 0.64 ms
+	waitLimit  = 20 * time.Second
+)
+
+type rule struct {
+	name string
+	run  func(t *testing.T, p verbs.Provider)
+}
+
+// rules lists the suite. The first group states the rules of RC hardware that every
+// provider must follow; the rest check the operations the rules are built on.
+var rules = []rule{
+	{"StateMachine", testStateMachine},
+	{"PostSendRequiresRTS", testPostSendRequiresRTS},
+	{"SendQueueOverflow", testSendQueueOverflow},
+	{"RecvQueueOverflow", testRecvQueueOverflow},
+	{"RNRRetryExceeded", testRNRRetryExceeded},
+	{"RNRRetryForever", testRNRRetryForever},
+	{"RemoteAccessBadRKey", testRemoteAccessBadRKey},
+	{"RemoteAccessBounds", testRemoteAccessBounds},
+	{"RemoteAccessFlags", testRemoteAccessFlags},
+	{"SendLongerThanRecvBuffer", testSendLongerThanRecvBuffer},
+	{"Ordering", testOrdering},
+	{"WriteWithImmVisibleBeforeCompletion", testWriteWithImmVisible},
+	{"UnsignaledNoCompletion", testUnsignaledNoCompletion},
+	{"UnsignaledSlotsFreedBySignaled", testUnsignaledSlotsFreedBySignaled},
+	{"CQOverflow", testCQOverflow},
+	{"ErrorFlush", testErrorFlush},
+	{"PostInErrorFlushes", testPostInErrorFlushes},
+	{"DeadPeer", testDeadPeer},
+	{"FaultBreakLink", testFaultBreakLink},
+	{"FaultRepairLink", testFaultRepairLink},
+	{"FaultDelay", testFaultDelay},
+	{"FaultFailQP", testFaultFailQP},
+	{"FaultAllocFailure", testFaultAllocFailure},
+
+	{"LocalProtection", testLocalProtection},
+	{"RTRReceives", testRTRReceives},
+	{"SendWithImmScatter", testSendWithImmScatter},
+	{"ZeroLengthRecv", testZeroLengthRecv},
+	{"InlineSend", testInlineSend},
+	{"RDMARead", testRDMARead},
+	{"CompChannelWait", testCompChannelWait},
+	{"CompChannelSolicitedOnly", testCompChannelSolicitedOnly},
+	{"CloseInUse", testCloseInUse},
+}
+
+// Run runs every rule of the suite as a subtest of t, each against a fresh provider from
+// newProvider. Providers with two or more devices get QP pairs that span two devices.
+func Run(t *testing.T, newProvider func(t *testing.T) verbs.Provider) {
+	for _, r := range rules {
+		t.Run(r.name, func(t *testing.T) {
+			p := newProvider(t)
+			devs, err := p.Devices()
+			if errors.Is(err, verbs.ErrNoDevice) || (err == nil && len(devs) == 0) {
+				t.Skipf("provider %s has no device", p.Name())
+			}
+			if err != nil {
+				t.Fatalf("%s: Devices() = %v", p.Name(), err)
+			}
+			r.run(t, p)
+		})
+	}
+}
+
+// faultsOf returns p's fault injection, skipping the test if p has none.
+func faultsOf(t *testing.T, p verbs.Provider) Faults {
+	t.Helper()
+	f, ok := p.(Faults)
+	if !ok {
+		t.Skipf("provider %s does not implement verbstest.Faults: fault injection not available", p.Name())
+	}
+	return f
+}
