@@ -21,12 +21,16 @@ import (
 //     would: every 16 writes it polls the one signaled send completion and the receiver
 //     reaps 16 receive completions and reposts their WQEs in one PostRecv.
 //   - PingPong64B: a 64-byte write-with-immediate and its 64-byte answer, the receiver
-//     spinning on its CQ in its own goroutine. It reports round-trip percentiles.
+//     spinning on its CQ in its own goroutine. It reports round-trip percentiles; on a
+//     loaded machine they mostly measure how long the OS keeps a spinning thread off-CPU.
+//   - PingPong64BOneGoroutine: the same exchange driven by one goroutine, which polls each
+//     side in turn: the provider's own round-trip cost, without a cross-core handoff.
 func BenchmarkSoftVerbs(b *testing.B) {
 	for _, size := range []int{64, 4 << 10, 64 << 10, 1 << 20} {
 		b.Run("WriteWithImm/"+sizeName(size), func(b *testing.B) { benchSoftWriteWithImm(b, size) })
 	}
 	b.Run("PingPong64B", benchSoftPingPong)
+	b.Run("PingPong64BOneGoroutine", benchSoftPingPongOneGoroutine)
 }
 
 func sizeName(n int) string {
@@ -297,5 +301,47 @@ func svReapSignaled(b *testing.B, cq verbs.CQ, wc []verbs.WorkCompletion) {
 		if n == 1 {
 			return
 		}
+	}
+}
+
+func benchSoftPingPongOneGoroutine(b *testing.B) {
+	const size = 64
+	x, y := newSoftVerbsPair(b, size, 1<<16)
+	ping := []verbs.SendWR{{
+		Opcode:     verbs.OpRDMAWriteWithImm,
+		SGL:        []verbs.SGE{{Addr: x.src.Addr(), Length: size, LKey: x.src.LKey()}},
+		RemoteAddr: y.ring.Addr(), RKey: y.ring.RKey(),
+	}}
+	pong := []verbs.SendWR{{
+		Opcode:     verbs.OpRDMAWriteWithImm,
+		SGL:        []verbs.SGE{{Addr: y.src.Addr(), Length: size, LKey: y.src.LKey()}},
+		RemoteAddr: x.ring.Addr(), RKey: x.ring.RKey(),
+	}}
+	repost := []verbs.RecvWR{{}}
+	wc := make([]verbs.WorkCompletion, 1)
+	// hop moves one message: post it on from, reap it on to's receive CQ, repost there.
+	hop := func(wr []verbs.SendWR, from, to *svEndpoint, i int) {
+		wr[0].ID, wr[0].Imm, wr[0].Flags = uint64(i), uint32(i), 0
+		if i%svSignalEvery == svSignalEvery-1 {
+			wr[0].Flags = verbs.SendSignaled
+		}
+		if err := from.qp.PostSend(wr); err != nil {
+			b.Fatal(err)
+		}
+		if n, err := to.rcq.Poll(wc); err != nil || n != 1 || wc[0].Status != verbs.WCSuccess {
+			b.Fatalf("receive: %d %v %+v", n, err, wc[0])
+		}
+		repost[0].ID = wc[0].WRID
+		if err := to.qp.PostRecv(repost); err != nil {
+			b.Fatal(err)
+		}
+		if i%svSignalEvery == svSignalEvery-1 {
+			svReapSignaled(b, from.scq, wc)
+		}
+	}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		hop(ping, x, y, i)
+		hop(pong, y, x, i)
 	}
 }

@@ -15,4 +15,28 @@
 //
 //	client := rsockhttp.NewClient(cfg)
 //	resp, err := client.Get("http://server:8080/")
+//
+// A server already holding an rsock Listener (or wanting its address) hands it to
+// [http.Server.Serve] directly; a client with its own [http.Transport] sets
+// DialContext to an [rsock.Dialer]'s:
+//
+//	ln, err := rsock.Listen("tcp", ":8080", cfg)
+//	go srv.Serve(ln)
+//
+//	tr := &http.Transport{DialContext: (&rsock.Dialer{Config: cfg}).DialContext}
+//
+// # Which transport carried a request
+//
+// A handler learns it from [ConnTransport] when the server's ConnContext is
+// [ConnContext]; a client from its dialed connections' [rsock.Conn.Transport]:
+//
+//	srv := &http.Server{Handler: h, ConnContext: rsockhttp.ConnContext}
+//	// in the handler:
+//	log.Printf("%s %s over %s", r.Method, r.URL, rsockhttp.ConnTransport(r))
+//
+// # Plain clients
+//
+// With [rsock.Config.AcceptPlainClients], the same server also answers clients that do
+// not use rsock at all, such as curl or a stock [http.Client]; their requests report
+// transport "tcp".
 package rsockhttp

@@ -48,6 +48,7 @@ type Conn struct {
 	stageTail   uint64 // bytes of staging handed out (monotonic)
 	stageHead   uint64 // bytes of staging released by completions
 	wrs         [2]verbs.SendWR
+	wrEnd       [2]uint64 // staging cursor after each of wrs: completing it frees up to there
 	sges        [2][1]verbs.SGE
 	inline      int
 	maxChunk    int
@@ -137,15 +138,25 @@ func (c *Conn) Start() {
 	})
 }
 
-// fail records the first fatal error and wakes every waiter. Called with mu held.
+// failLocked records the first fatal error and wakes every waiter. It also makes sure
+// the peer learns: the QP goes to ERROR, so the peer's operations on it fail, and the
+// control reader is woken to close the control channel. Called with mu held.
 func (c *Conn) failLocked(err error) {
-	if c.err == nil {
+	first := c.err == nil
+	if first {
 		c.err = err
 	}
 	signal(c.readable)
 	signal(c.writable)
 	signal(c.drained)
+	if first && !c.closing {
+		c.qp.ToError()
+		c.ctrl.SetReadDeadline(aLongTimeAgo)
+	}
 }
+
+// aLongTimeAgo is a deadline in the past, to wake a blocked read.
+var aLongTimeAgo = time.Unix(1, 0)
 
 // signal wakes one waiter on a capacity-1 channel without blocking.
 func signal(ch chan struct{}) {

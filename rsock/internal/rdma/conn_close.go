@@ -132,6 +132,15 @@ func (c *Conn) readControl() {
 	defer close(c.ctrlDone)
 	var buf [16]byte
 	for {
+		c.mu.Lock()
+		failed, closing := c.err != nil, c.closing
+		c.mu.Unlock()
+		if failed {
+			if !closing {
+				c.ctrl.Close() // tell the peer: its control reader sees the close
+			}
+			return
+		}
 		if c.kaPeriod > 0 {
 			c.ctrl.SetReadDeadline(time.Now().Add(3 * c.kaPeriod))
 		}
@@ -141,10 +150,16 @@ func (c *Conn) readControl() {
 				c.mu.Lock()
 				c.failLocked(fmt.Errorf("%w: byte %#x on the control channel", ErrProtocol, b))
 				c.mu.Unlock()
-				return
+				break
 			}
 		}
 		if err != nil {
+			c.mu.Lock()
+			failed := c.err != nil
+			c.mu.Unlock()
+			if failed {
+				continue // woken by failLocked: close the channel above
+			}
 			c.controlLost(err)
 			return
 		}

@@ -186,12 +186,11 @@ func (c *Conn) postStagedLocked(n int) (int, error) {
 		c.failLocked(protocolError(err))
 		return 0, c.err
 	}
-	src := c.stageTail
-	c.stageTail += uint64(res.Bytes)
 	for i := range res.Count {
 		m := res.Msgs[i]
-		c.fillWR(i, m, c.stageAddr+src%uint64(len(c.stage)), false)
-		src += uint64(m.Len)
+		c.fillWR(i, m, c.stageAddr+c.stageTail%uint64(len(c.stage)), false)
+		c.stageTail += uint64(m.Len)
+		c.wrEnd[i] = c.stageTail
 	}
 	if err := c.postLocked(res.Count); err != nil {
 		return 0, err
@@ -221,7 +220,7 @@ func (c *Conn) fillWR(i int, m flowctl.Msg, addr uint64, forceSignal bool) {
 	}
 }
 
-// postLocked posts c.wrs[:n], numbering them and deciding which are signaled: every
+// postLocked posts c.wrs[:n], whose staging bytes end at c.wrEnd[:n], numbering them and deciding which are signaled: every
 // signalEvery-th, and any after which half the staging buffer or more is in flight, so
 // that a writer waiting for staging or send-queue space always has a completion coming.
 func (c *Conn) postLocked(n int) error {
@@ -230,7 +229,7 @@ func (c *Conn) postLocked(n int) error {
 		wr := &c.wrs[i]
 		id := c.sqPosted + uint64(i)
 		wr.ID = id
-		c.stageEnd[id%c.sqDepth] = c.stageTail
+		c.stageEnd[id%c.sqDepth] = c.wrEnd[i]
 		c.sinceSignal++
 		if c.sinceSignal >= c.signalEvery || 2*(c.stageTail-c.stageHead) >= size {
 			wr.Flags |= verbs.SendSignaled
@@ -261,6 +260,7 @@ func (c *Conn) postControlLocked() {
 		}
 		// A FIN is signaled so that Close can wait for it to land.
 		c.fillWR(0, m, 0, fin)
+		c.wrEnd[0] = c.stageTail
 		if fin {
 			c.finPosted, c.finID = true, c.sqPosted
 		}
@@ -299,6 +299,7 @@ func (c *Conn) sendKeepalive() {
 	if c.sqPosted-c.sqDone < c.sqDepth {
 		if m, ok := c.fc.Keepalive(); ok {
 			c.fillWR(0, m, 0, false)
+			c.wrEnd[0] = c.stageTail
 			c.postLocked(1)
 		}
 	}

@@ -1,0 +1,98 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rsockio/rsock/benchmarks/internal/report"
+)
+
+func TestParseSize(t *testing.T) {
+	tests := []struct {
+		in   string
+		want int
+	}{
+		{"64", 64}, {"64B", 64}, {"4KiB", 4096}, {"4K", 4096}, {"1MiB", 1 << 20}, {"2M", 2 << 20},
+	}
+	for _, tt := range tests {
+		got, err := parseSize(tt.in)
+		if err != nil || got != tt.want {
+			t.Errorf("parseSize(%q) = %d, %v; want %d", tt.in, got, err, tt.want)
+		}
+	}
+	if _, err := parseSize("big"); err == nil {
+		t.Errorf("parseSize(%q) succeeded", "big")
+	}
+}
+
+func TestFlags(t *testing.T) {
+	var stderr bytes.Buffer
+	for _, args := range [][]string{
+		{"-mode", "nope"},
+		{"-transports", "carrier-pigeon"},
+		{"-workloads", "nap"},
+		{"-mode", "client"},
+		{"-mode", "client", "-addr", "h:1", "-transports", "Pipe"},
+		{"-mode", "idle", "-transports", "SoftVerbs"},
+		{"-sizes", "0"},
+	} {
+		if _, err := parseFlags(args, &stderr); err == nil {
+			t.Errorf("parseFlags(%q) succeeded", args)
+		}
+	}
+	o, err := parseFlags([]string{"-short", "-workloads", "conns,http"}, &stderr)
+	require.NoError(t, err)
+	for _, m := range plan(o) {
+		require.LessOrEqual(t, m.p.Conns, shortConns, "%s in -short mode", m.w.Name)
+	}
+	o, err = parseFlags([]string{"-mode", "idle"}, &stderr)
+	require.NoError(t, err)
+	require.Equal(t, 5000, o.idleConns)
+}
+
+// TestRun runs the command on a few transports and workloads, briefly, and checks its
+// outputs.
+func TestRun(t *testing.T) {
+	dir := t.TempDir()
+	jsonOut, svgOut := filepath.Join(dir, "r.json"), filepath.Join(dir, "r.svg")
+	var stdout, stderr bytes.Buffer
+	code := run([]string{
+		"-transports", "SoftVerbs,RsockRDMA,RawTCP,RsockTCP", "-workloads", "stream,pingpong,grpc",
+		"-sizes", "64,4KiB", "-duration", "20ms", "-count", "2",
+		"-json", jsonOut, "-svg", svgOut,
+	}, &stdout, &stderr)
+	require.Equal(t, 0, code, "stderr: %s", stderr.String())
+	out := stdout.String()
+	for _, want := range []string{"stream:", "pingpong:", "grpc:", "RsockRDMA", "targets:"} {
+		require.Contains(t, out, want)
+	}
+	require.Contains(t, stderr.String(), "[", "progress")
+
+	b, err := os.ReadFile(jsonOut)
+	require.NoError(t, err)
+	var rep report.Report
+	require.NoError(t, json.Unmarshal(b, &rep))
+	// stream and pingpong: 2 sizes × 4 transports; grpc: 2 sizes × 3 transports.
+	require.Len(t, rep.Results, 22)
+	for _, r := range rep.Results {
+		require.Empty(t, r.Err, "%s %d on %s", r.Workload, r.Size, r.Transport)
+		require.Equal(t, 2, r.Runs)
+	}
+	b, err = os.ReadFile(svgOut)
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(string(b), "<svg"))
+}
+
+func TestIdleMode(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"-mode", "idle", "-transports", "RsockRDMA,RawTCP", "-conns", "20", "-q"}, &stdout, &stderr)
+	require.Equal(t, 0, code, "stderr: %s", stderr.String())
+	require.Contains(t, stdout.String(), "idle:")
+	require.Contains(t, stdout.String(), "192.0 KiB", "registered memory per RsockRDMA end")
+}

@@ -1,0 +1,77 @@
+package workload
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/rsockio/rsock/verbs"
+)
+
+// regCounter counts the bytes of memory registered through a provider and not yet
+// deregistered.
+type regCounter struct {
+	bytes atomic.Int64
+}
+
+// countRegistered wraps p so that every memory region registered through it is counted
+// in r. Only the setup path goes through the wrappers (Open, AllocPD, RegMR, MR.Close):
+// QPs, CQs and the MRs' keys and memory are the provider's own, so the data path runs
+// exactly as it does on p.
+func countRegistered(p verbs.Provider, r *regCounter) verbs.Provider {
+	return &countingProvider{Provider: p, r: r}
+}
+
+type countingProvider struct {
+	verbs.Provider
+	r *regCounter
+}
+
+func (p *countingProvider) Open(device string) (verbs.Context, error) {
+	c, err := p.Provider.Open(device)
+	if err != nil {
+		return nil, err
+	}
+	return &countingContext{Context: c, r: p.r}, nil
+}
+
+type countingContext struct {
+	verbs.Context
+	r *regCounter
+}
+
+func (c *countingContext) AllocPD() (verbs.PD, error) {
+	pd, err := c.Context.AllocPD()
+	if err != nil {
+		return nil, err
+	}
+	return &countingPD{PD: pd, r: c.r}, nil
+}
+
+type countingPD struct {
+	verbs.PD
+	r *regCounter
+}
+
+func (p *countingPD) RegMR(length int, access verbs.AccessFlags) (verbs.MR, error) {
+	mr, err := p.PD.RegMR(length, access)
+	if err != nil {
+		return nil, err
+	}
+	p.r.bytes.Add(int64(length))
+	return &countingMR{MR: mr, r: p.r, length: int64(length)}, nil
+}
+
+type countingMR struct {
+	verbs.MR
+	r      *regCounter
+	length int64
+	once   sync.Once
+}
+
+func (m *countingMR) Close() error {
+	err := m.MR.Close()
+	if err == nil {
+		m.once.Do(func() { m.r.bytes.Add(-m.length) })
+	}
+	return err
+}

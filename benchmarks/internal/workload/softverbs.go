@@ -1,0 +1,254 @@
+package workload
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/soft"
+)
+
+// The raw soft-verbs workloads measure verbs/soft without rsock: the ceiling of rsock's
+// RDMA path on that provider. They follow the method of BenchmarkSoftVerbs in
+// benchmarks/softverbs_test.go (which a command cannot import): the same queue depths,
+// batches, ring sizes and polling, so that figures from either compare.
+
+const (
+	svSignalEvery = 16  // WRs per signaled send, completions per receive batch
+	svDepth       = 256 // send and receive queue depth
+)
+
+// svEndpoint is one side of a raw soft-verbs connection.
+type svEndpoint struct {
+	ctx      verbs.Context
+	pd       verbs.PD
+	scq, rcq verbs.CQ
+	qp       verbs.QP
+	src      verbs.MR // what this side sends from
+	ring     verbs.MR // where the peer writes
+	gid      verbs.GID
+	psn      uint32
+}
+
+func (e *svEndpoint) close() error {
+	var errs []error
+	for _, c := range []interface{ Close() error }{e.qp, e.src, e.ring, e.scq, e.rcq, e.pd, e.ctx} {
+		if c != nil {
+			errs = append(errs, c.Close())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// newSVPair connects two QPs on devices soft0 and soft1 of fab. Each side sends from a
+// region of srcSize bytes into the other's ring of ringSize bytes and has svDepth
+// receive WQEs posted. close releases both.
+func newSVPair(fab *soft.Fabric, srcSize, ringSize int) (x, y *svEndpoint, close func() error, err error) {
+	var eps []*svEndpoint
+	close = func() error {
+		var errs []error
+		for _, e := range eps {
+			errs = append(errs, e.close())
+		}
+		return errors.Join(errs...)
+	}
+	defer func() {
+		if err != nil {
+			close()
+		}
+	}()
+	open := func(dev string, psn uint32) (*svEndpoint, error) {
+		e := &svEndpoint{psn: psn}
+		eps = append(eps, e)
+		var err error
+		if e.ctx, err = fab.Open(dev); err != nil {
+			return nil, err
+		}
+		e.gid = e.ctx.Device().Ports[0].GIDs[1].GID
+		if e.pd, err = e.ctx.AllocPD(); err != nil {
+			return nil, err
+		}
+		if e.scq, err = e.ctx.CreateCQ(2*svDepth, nil); err != nil {
+			return nil, err
+		}
+		if e.rcq, err = e.ctx.CreateCQ(2*svDepth, nil); err != nil {
+			return nil, err
+		}
+		if e.src, err = e.pd.RegMR(srcSize, verbs.AccessLocalWrite); err != nil {
+			return nil, err
+		}
+		if e.ring, err = e.pd.RegMR(ringSize, verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
+			return nil, err
+		}
+		e.qp, err = e.pd.CreateQP(verbs.QPInitAttr{SendCQ: e.scq, RecvCQ: e.rcq,
+			Caps: verbs.QPCaps{MaxSendWR: svDepth, MaxRecvWR: svDepth, MaxSendSGE: 1, MaxInlineData: 64}})
+		if err != nil {
+			return nil, err
+		}
+		if err := e.qp.ToInit(verbs.InitAttr{Port: 1, Access: verbs.AccessRemoteWrite}); err != nil {
+			return nil, err
+		}
+		for i := range svDepth {
+			if err := e.qp.PostRecv([]verbs.RecvWR{{ID: uint64(i)}}); err != nil {
+				return nil, err
+			}
+		}
+		return e, nil
+	}
+	if x, err = open("soft0", 100); err != nil {
+		return nil, nil, close, err
+	}
+	if y, err = open("soft1", 200); err != nil {
+		return nil, nil, close, err
+	}
+	connect := func(e, peer *svEndpoint) error {
+		return e.qp.ToRTR(verbs.RTRAttr{
+			PathMTU: verbs.MTU4096, DestQPN: peer.qp.QPN(), RQPSN: peer.psn, MinRNRTimer: 1,
+			Dest: verbs.AddressVector{Port: 1, IsGlobal: true, DestGID: peer.gid, SGIDIndex: 1, HopLimit: 64},
+		})
+	}
+	if err = errors.Join(connect(x, y), connect(y, x)); err != nil {
+		return nil, nil, close, err
+	}
+	err = errors.Join(
+		x.qp.ToRTS(verbs.RTSAttr{SQPSN: x.psn, Timeout: 14, RetryCount: 7, RNRRetry: 7}),
+		y.qp.ToRTS(verbs.RTSAttr{SQPSN: y.psn, Timeout: 14, RetryCount: 7, RNRRetry: 7}))
+	if err != nil {
+		return nil, nil, close, err
+	}
+	return x, y, close, nil
+}
+
+// softStream posts size-byte RDMA_WRITE_WITH_IMMs into the peer's ring. One goroutine
+// plays both sides, as a sender and a receiver sharing a core would: every 16 writes it
+// polls the one signaled send completion, and the receiver reaps 16 receive
+// completions and reposts their WQEs in one PostRecv.
+func softStream(ctl Control, env *Env, size int) (_ Metrics, err error) {
+	ringSize := max(8*size, 1<<20)
+	x, y, closePair, err := newSVPair(env.fabric, size, ringSize)
+	if err != nil {
+		return Metrics{}, err
+	}
+	defer func() { err = errors.Join(err, closePair()) }()
+	wr := []verbs.SendWR{{
+		Opcode: verbs.OpRDMAWriteWithImm, Imm: uint32(size),
+		SGL:  []verbs.SGE{{Addr: x.src.Addr(), Length: uint32(size), LKey: x.src.LKey()}},
+		RKey: y.ring.RKey(),
+	}}
+	var reposts [svSignalEvery]verbs.RecvWR
+	wc := make([]verbs.WorkCompletion, svSignalEvery)
+	var i uint64
+	for ctl.Next() {
+		wr[0].ID = i
+		wr[0].RemoteAddr = y.ring.Addr() + i*uint64(size)%uint64(ringSize)
+		wr[0].Flags = 0
+		if i%svSignalEvery == svSignalEvery-1 {
+			wr[0].Flags = verbs.SendSignaled
+		}
+		if err := x.qp.PostSend(wr); err != nil {
+			return Metrics{}, fmt.Errorf("post: %w", err)
+		}
+		i++
+		if i%svSignalEvery != 0 {
+			continue
+		}
+		if n, err := x.scq.Poll(wc[:1]); err != nil || n != 1 || wc[0].Status != verbs.WCSuccess {
+			return Metrics{}, fmt.Errorf("send completion: %d %v %+v", n, err, wc[0])
+		}
+		for got := 0; got < svSignalEvery; {
+			n, err := y.rcq.Poll(wc[got:])
+			if err != nil {
+				return Metrics{}, fmt.Errorf("poll receives: %w", err)
+			}
+			for _, c := range wc[got : got+n] {
+				if c.Status != verbs.WCSuccess {
+					return Metrics{}, fmt.Errorf("receive completion %+v", c)
+				}
+			}
+			got += n
+		}
+		for k := range reposts {
+			reposts[k].ID = wc[k].WRID
+		}
+		if err := y.qp.PostRecv(reposts[:]); err != nil {
+			return Metrics{}, fmt.Errorf("repost: %w", err)
+		}
+	}
+	return Metrics{BytesPerOp: int64(size)}, nil
+}
+
+// softPingPong sends a size-byte write-with-immediate from one QP to the other and the
+// answer back, one goroutine driving both sides in turn as BenchmarkSoftVerbs's
+// PingPong64BOneGoroutine does: the provider's own round-trip cost, without the hand-off
+// between goroutines (or cores) that a two-party exchange adds. (Its two-goroutine
+// PingPong64B, each side spinning on its CQ, measures on a loaded machine mostly how
+// long the OS keeps a spinning thread off the CPU.)
+func softPingPong(ctl Control, env *Env, size int) (_ Metrics, err error) {
+	x, y, closePair, err := newSVPair(env.fabric, size, 1<<16)
+	if err != nil {
+		return Metrics{}, err
+	}
+	defer func() { err = errors.Join(err, closePair()) }()
+	flags := verbs.SendFlags(0)
+	if size <= 64 {
+		flags = verbs.SendInline
+	}
+	write := func(from, to *svEndpoint) []verbs.SendWR {
+		return []verbs.SendWR{{
+			Opcode:     verbs.OpRDMAWriteWithImm,
+			SGL:        []verbs.SGE{{Addr: from.src.Addr(), Length: uint32(size), LKey: from.src.LKey()}},
+			RemoteAddr: to.ring.Addr(), RKey: to.ring.RKey(),
+		}}
+	}
+	ping, pong := write(x, y), write(y, x)
+	repost := []verbs.RecvWR{{}}
+	wc := make([]verbs.WorkCompletion, 1)
+	// hop moves one message: post it on from, reap it on to's receive CQ, repost there.
+	hop := func(wr []verbs.SendWR, from, to *svEndpoint, i int) error {
+		wr[0].ID, wr[0].Imm, wr[0].Flags = uint64(i), uint32(i), flags
+		if i%svSignalEvery == svSignalEvery-1 {
+			wr[0].Flags |= verbs.SendSignaled
+		}
+		if err := from.qp.PostSend(wr); err != nil {
+			return err
+		}
+		if n, err := to.rcq.Poll(wc); err != nil || n != 1 || wc[0].Status != verbs.WCSuccess || wc[0].Imm != uint32(i) {
+			return fmt.Errorf("receive %d: %d %v %+v", i, n, err, wc[0])
+		}
+		repost[0].ID = wc[0].WRID
+		if err := to.qp.PostRecv(repost); err != nil {
+			return err
+		}
+		if i%svSignalEvery == svSignalEvery-1 {
+			return svReapSignaled(from.scq, wc)
+		}
+		return nil
+	}
+	rec := newRecorder()
+	for i := 0; ctl.Next(); i++ {
+		start := time.Now()
+		if err := hop(ping, x, y, i); err != nil {
+			return Metrics{}, err
+		}
+		if err := hop(pong, y, x, i); err != nil {
+			return Metrics{}, err
+		}
+		rec.add(time.Since(start))
+	}
+	return Metrics{BytesPerOp: 2 * int64(size), Latency: rec.percentiles()}, nil
+}
+
+// svReapSignaled polls, into wc, the one signaled send completion that frees the last
+// batch's slots.
+func svReapSignaled(cq verbs.CQ, wc []verbs.WorkCompletion) error {
+	for {
+		n, err := cq.Poll(wc[:1])
+		if err != nil || (n == 1 && wc[0].Status != verbs.WCSuccess) {
+			return fmt.Errorf("send completion: %v %+v", err, wc[0])
+		}
+		if n == 1 {
+			return nil
+		}
+	}
+}

@@ -1,0 +1,330 @@
+// Package harness runs unmodified net.Conn programs (net/http, grpc-go) over every rsock
+// transport in tests.
+//
+// [Transports] lists the transports; [Transport.Env] makes the server and client
+// [rsock.Config] of one, with a fresh software RDMA fabric (verbs/soft) for the RDMA
+// transport. [Listen] and [Env.Dialer] wrap rsock's Listener and Dialer so that a test
+// can assert which transport carried every connection its program made. [Payload]
+// makes large, checkable request and response bodies, [BigBody] says how large.
+//
+// The package is for tests only: its functions fail the test they are given.
+package harness
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rsockio/rsock/internal/testcert"
+	"github.com/rsockio/rsock/rsock"
+	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/soft"
+)
+
+// Transport is one way rsock carries a connection.
+type Transport struct {
+	// Name names the subtest.
+	Name string
+	// Want is what [rsock.Conn.Transport] must report on both ends.
+	Want string
+	// Fallback is the bootstrap transport.
+	Fallback rsock.Fallback
+	// RDMA gives both ends one software RDMA fabric, so that connections upgrade.
+	RDMA bool
+}
+
+// Transports are the transports every end-to-end test runs on: RDMA over the software
+// provider (bootstrapped over TCP), the TCP fallback and the QUIC fallback.
+var Transports = []Transport{
+	{Name: "rdma", Want: rsock.TransportRDMA, Fallback: rsock.FallbackTCP, RDMA: true},
+	{Name: "tcp", Want: rsock.TransportTCP, Fallback: rsock.FallbackTCP},
+	{Name: "quic", Want: rsock.TransportQUIC, Fallback: rsock.FallbackQUIC},
+}
+
+// Env is one test's configuration of a [Transport].
+type Env struct {
+	Transport
+	// Fabric is the software RDMA fabric both ends use, nil unless Transport.RDMA.
+	Fabric *soft.Fabric
+	// Server and Client are the two ends' Configs. A test may change them before use.
+	Server, Client *rsock.Config
+
+	mu        sync.Mutex
+	recorders []*recorder // of the Env's Listeners and Dialers
+}
+
+// Env returns server and client Configs for tr. QUIC gets the test certificate; RDMA a
+// new soft fabric, and the other transports [NoRDMA], so that they stay on their
+// fallback even on a machine with an RDMA device.
+//
+// When the test ends, after the cleanups it registers later have run, every
+// connection accepted by the Env's Listeners or dialed by its Dialers must be closed
+// (the Env waits up to [CloseWait] for stragglers, such as a client that notices only
+// by reading EOF that its server closed), and every soft RDMA resource released.
+func (tr Transport) Env(t testing.TB) *Env {
+	t.Helper()
+	e := &Env{
+		Transport: tr,
+		Server:    &rsock.Config{Fallback: tr.Fallback, Provider: NoRDMA{}},
+		Client:    &rsock.Config{Fallback: tr.Fallback, Provider: NoRDMA{}},
+	}
+	if tr.Fallback == rsock.FallbackQUIC {
+		st, ct, err := testcert.Configs()
+		require.NoError(t, err)
+		e.Server.TLSConfig, e.Client.TLSConfig = st, ct
+	}
+	if tr.RDMA {
+		e.Fabric = soft.New(soft.Options{})
+		e.Server.Provider, e.Client.Provider = e.Fabric, e.Fabric
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			return // a failed test may have left anything open; say nothing more
+		}
+		e.requireClosed(t)
+		if e.Fabric != nil {
+			RequireReleased(t, e.Fabric)
+		}
+	})
+	return e
+}
+
+// CloseWait bounds how long an Env waits, at the end of a test, for its connections to
+// be closed. It guards against a hang only: connections normally close at once.
+const CloseWait = 30 * time.Second
+
+// requireClosed waits for every connection of e's Listeners and Dialers to be closed.
+func (e *Env) requireClosed(t testing.TB) {
+	t.Helper()
+	e.mu.Lock()
+	recs := e.recorders
+	e.mu.Unlock()
+	timeout := time.NewTimer(CloseWait)
+	defer timeout.Stop()
+	for _, r := range recs {
+		for _, c := range r.conns() {
+			select {
+			case <-c.closed:
+			case <-timeout.C:
+				t.Fatalf("%s connection %s -> %s (%s) still open at the end of the test",
+					r.side, c.LocalAddr(), c.RemoteAddr(), c.Transport())
+			}
+		}
+	}
+}
+
+func (e *Env) track(r *recorder) {
+	e.mu.Lock()
+	e.recorders = append(e.recorders, r)
+	e.mu.Unlock()
+}
+
+// RequireReleased checks that every resource of fab went back to it: each connection
+// closed on both ends has torn down its queue pair and memory registrations.
+func RequireReleased(t testing.TB, fab *soft.Fabric) {
+	t.Helper()
+	s := fab.Stats()
+	require.Zero(t, s.QPs+s.MRs+s.CQs+s.PDs+s.Contexts+s.CompChannels, "soft RDMA resources left: %+v", s)
+}
+
+// Listen starts a recording Listener on a loopback port with the server Config. It is
+// closed when the test ends.
+func (e *Env) Listen(t testing.TB) *Listener {
+	t.Helper()
+	l := Listen(t, e.Server)
+	e.track(&l.record)
+	return l
+}
+
+// Dialer returns a recording Dialer with the client Config.
+func (e *Env) Dialer() *Dialer {
+	return e.DialerWith(e.Client)
+}
+
+// DialFunc is the type of net.Dialer.DialContext and http.Transport.DialContext.
+type DialFunc func(ctx context.Context, network, address string) (net.Conn, error)
+
+// RecordDials returns dial, recording the connections it makes like the Env's
+// Dialers do. dial must return *rsock.Conn values, as rsock.Dialer.DialContext does.
+func (e *Env) RecordDials(dial DialFunc) DialFunc {
+	r := &recorder{side: "client"}
+	e.track(r)
+	return func(ctx context.Context, network, address string) (net.Conn, error) {
+		c, err := dial(ctx, network, address)
+		if err != nil {
+			return nil, err
+		}
+		rc, ok := c.(*rsock.Conn)
+		if !ok {
+			c.Close()
+			return nil, fmt.Errorf("harness: dialed a %T, not an *rsock.Conn", c)
+		}
+		return r.add(rc), nil
+	}
+}
+
+// DialerWith returns a recording Dialer with cfg, whose connections the Env checks at
+// the end of the test like its other Dialers'.
+func (e *Env) DialerWith(cfg *rsock.Config) *Dialer {
+	d := &Dialer{Dialer: rsock.Dialer{Config: cfg}, record: recorder{side: "client"}}
+	e.track(&d.record)
+	return d
+}
+
+// Listen starts a recording Listener on 127.0.0.1 with cfg. It is closed when the test
+// ends.
+func Listen(t testing.TB, cfg *rsock.Config) *Listener {
+	t.Helper()
+	ln, err := rsock.Listen("tcp", "127.0.0.1:0", cfg)
+	require.NoError(t, err)
+	l := &Listener{Listener: ln, closed: make(chan struct{}), record: recorder{side: "server"}}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// Listener is an [rsock.Listener] that records the connections it accepts and
+// reports when it is closed. Servers take it as a net.Listener.
+type Listener struct {
+	*rsock.Listener
+
+	once   sync.Once
+	closed chan struct{}
+	record recorder
+}
+
+// Accept accepts the next connection and records it.
+func (l *Listener) Accept() (net.Conn, error) {
+	c, err := l.AcceptRsock()
+	if err != nil {
+		return nil, err
+	}
+	return l.record.add(c), nil
+}
+
+// Close closes the Listener. The first call also closes the channel of [Listener.Closed].
+func (l *Listener) Close() error {
+	l.once.Do(func() { close(l.closed) })
+	return l.Listener.Close()
+}
+
+// Closed is closed when the Listener's Close is first called: when a server that owns
+// it (http.Server.Shutdown, grpc.Server.GracefulStop, ...) begins to stop.
+func (l *Listener) Closed() <-chan struct{} { return l.closed }
+
+// Conns returns the connections accepted so far.
+func (l *Listener) Conns() []*Conn { return l.record.conns() }
+
+// URL returns "http://" and the Listener's address.
+func (l *Listener) URL() string { return "http://" + l.Addr().String() }
+
+// Dialer is an [rsock.Dialer] that records the connections it dials. Its DialContext
+// fits http.Transport.DialContext and its DialAddr grpc.WithContextDialer.
+type Dialer struct {
+	rsock.Dialer
+
+	record recorder
+}
+
+// DialContext dials address and records the connection.
+func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	c, err := d.DialRsock(ctx, network, address)
+	if err != nil {
+		return nil, err
+	}
+	return d.record.add(c), nil
+}
+
+// DialAddr is DialContext on network "tcp".
+func (d *Dialer) DialAddr(ctx context.Context, address string) (net.Conn, error) {
+	return d.DialContext(ctx, "tcp", address)
+}
+
+// Conns returns the connections dialed so far.
+func (d *Dialer) Conns() []*Conn { return d.record.conns() }
+
+// Conn is an [rsock.Conn] recorded by a Listener or a Dialer. It is the rsock
+// connection itself, with all its methods, and knows whether it was closed.
+type Conn struct {
+	*rsock.Conn
+
+	once   sync.Once
+	closed chan struct{}
+}
+
+// Close closes the connection and marks it closed.
+func (c *Conn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() { close(c.closed) })
+	return err
+}
+
+// Closed is closed when the connection's Close has first returned.
+func (c *Conn) Closed() <-chan struct{} { return c.closed }
+
+// recorder keeps a list of connections, safe for concurrent use.
+type recorder struct {
+	side string // "server" or "client"
+
+	mu sync.Mutex
+	cs []*Conn
+}
+
+func (r *recorder) add(rc *rsock.Conn) *Conn {
+	c := &Conn{Conn: rc, closed: make(chan struct{})}
+	r.mu.Lock()
+	r.cs = append(r.cs, c)
+	r.mu.Unlock()
+	return c
+}
+
+func (r *recorder) conns() []*Conn {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]*Conn(nil), r.cs...)
+}
+
+// RequireTransport checks that conns holds between 1 and max connections (max < 1: no
+// upper bound) and that every one of them is carried by want. what names the side in
+// failure messages.
+func RequireTransport(t testing.TB, want string, conns []*Conn, max int, what string) {
+	t.Helper()
+	require.NotEmpty(t, conns, "%s: no connection recorded", what)
+	if max > 0 {
+		require.LessOrEqual(t, len(conns), max, "%s: %d connections, want at most %d", what, len(conns), max)
+	}
+	for i, c := range conns {
+		require.Equal(t, want, c.Transport(), "%s: connection %d of %d (%s) transport; fallback reason: %v",
+			what, i, len(conns), c.RemoteAddr(), c.FallbackReason())
+	}
+}
+
+// NoRDMA is an RDMA provider without devices. A Config with it stays on its fallback
+// transport (the reason matches rsock.ErrNoDevice) whatever hardware the machine has,
+// where a nil Provider would use a device if the build and machine have one.
+type NoRDMA struct{}
+
+// Name returns "none".
+func (NoRDMA) Name() string { return "none" }
+
+// Devices returns no devices.
+func (NoRDMA) Devices() ([]verbs.DeviceAttr, error) { return nil, nil }
+
+// Open fails with verbs.ErrNoDevice.
+func (NoRDMA) Open(string) (verbs.Context, error) { return nil, verbs.ErrNoDevice }
+
+// Payload returns a reader of n pseudo-random bytes determined by seed: fast to make,
+// incompressible, and different at every offset, so that a transfer that loses,
+// duplicates or reorders bytes changes their hash.
+func Payload(seed uint64, n int64) io.Reader {
+	var key [32]byte
+	binary.LittleEndian.PutUint64(key[:], seed)
+	return io.LimitReader(rand.NewChaCha8(key), n)
+}
