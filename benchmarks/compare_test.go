@@ -113,11 +113,11 @@ func paramName(w workload.Workload, p workload.Params) string {
 	case w.Name == workload.Setup:
 		return ""
 	case len(w.Sizes) > 1 && len(w.Conns) > 1:
-		return sizeName(p.Size) + "/" + strconv.Itoa(p.Conns) + "conns"
+		return workload.SizeName(p.Size) + "/" + strconv.Itoa(p.Conns) + "conns"
 	case len(w.Conns) > 1:
 		return strconv.Itoa(p.Conns) + "conns"
 	}
-	return sizeName(p.Size)
+	return workload.SizeName(p.Size)
 }
 
 func startEnv(b *testing.B, tr workload.Transport) *workload.Env {

@@ -358,3 +358,41 @@ func TestFaultErrorsNameCause(t *testing.T) {
 	require.ErrorAs(t, err, &wcErr)
 	require.Equal(t, verbs.WCRetryExcErr, wcErr.Status)
 }
+
+// TestFaultCQOverflow overfills a shared CQ. The engine sizes CQs so this cannot
+// happen (each QP reserves its send and receive depth), so the test forges the
+// reservation: the victims' poller claims room it lacks. When the CQ overflows, every
+// connection on it fails with ErrCQFailed, and a connection on another CQ carries on.
+func TestFaultCQOverflow(t *testing.T) {
+	f := faultFabric()
+	// A bystander on a CQ of its own, created first.
+	x, y := connPairIPs(t, f, "127.0.0.2", "127.0.0.2", Options{})
+	// The victims' CQ holds 16 entries but admits QPs needing 64 each.
+	opts := Options{RingSize: 64 << 10, SendBufferSize: 16 << 10, RecvWQEs: 32, SendWQEs: 32, CQSize: 16}
+	dev, err := acquireDevice(f, loopback)
+	require.NoError(t, err)
+	p, err := dev.pollerFor(0, opts.CQSize, 0)
+	require.NoError(t, err)
+	p.capacity = 1 << 20 // the forged reservation
+	a, b := connPairIPs(t, f, "127.0.0.1", "127.0.0.1", opts)
+	require.Same(t, p, a.ep.poller)
+	require.NotSame(t, p, x.ep.poller)
+
+	var ab direction
+	bystander(t, x, y, func() {
+		ab = verifiedStream(t, smallWrites{a}, b, 3, 4<<20, nil)
+	})
+	requireEndedBy(t, "a→b", ab, ErrCQFailed, ErrQPFailed, ErrControlLost)
+	for _, c := range []*Conn{a, b} {
+		c.mu.Lock()
+		err := c.err
+		c.mu.Unlock()
+		require.ErrorIs(t, err, ErrCQFailed, "a connection on the overflowed CQ")
+		require.ErrorIs(t, err, verbs.ErrCQOverflow)
+	}
+	for _, c := range []*Conn{a, b, x, y} {
+		c.Close()
+	}
+	require.NoError(t, dev.release())
+	requireReleased(t, f)
+}

@@ -1,0 +1,205 @@
+package rsock
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rsockio/rsock/verbs/soft"
+)
+
+// TestLoad runs many concurrent connections, each doing request/response rounds with
+// an echo server and checking every reply, over soft RDMA and over TCP. It is bounded in
+// connections, rounds and time.
+func TestLoad(t *testing.T) {
+	conns, rounds := 1000, 20
+	if raceEnabled || testing.Short() {
+		conns, rounds = 200, 10
+	}
+	for _, rdma := range []bool{true, false} {
+		name := map[bool]string{true: "rdma", false: "tcp"}[rdma]
+		t.Run(fmt.Sprintf("%s/%d", name, conns), func(t *testing.T) {
+			fab := soft.New(soft.Options{})
+			scfg, ccfg := configs(t, FallbackTCP)
+			want := TransportTCP
+			if rdma {
+				scfg.Provider, ccfg.Provider = fab, fab
+				want = TransportRDMA
+			}
+			// Small rings keep 2×conns endpoints modest; the default sizes work too.
+			for _, c := range []*Config{scfg, ccfg} {
+				c.RingSize, c.SendBufferSize, c.RecvWQEs = 16<<10, 8<<10, 16
+				c.MaxConcurrentHandshakes = 256
+			}
+			ln := listen(t, scfg)
+			var served sync.WaitGroup
+			go func() {
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					served.Add(1)
+					go func() {
+						defer served.Done()
+						defer c.Close()
+						io.Copy(c, c)
+					}()
+				}
+			}()
+
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			d := &Dialer{Config: ccfg}
+			var wg sync.WaitGroup
+			errs := make(chan error, conns)
+			for i := range conns {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if err := echoRounds(ctx, d, ln.Addr().String(), want, uint64(i), rounds); err != nil {
+						errs <- fmt.Errorf("conn %d: %w", i, err)
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Error(err)
+			}
+			ln.Close()
+			served.Wait()
+			requireReleased(t, fab)
+		})
+	}
+}
+
+// echoRounds dials, then sends rounds of random-sized requests and checks each echo.
+func echoRounds(ctx context.Context, d *Dialer, addr, transport string, seed uint64, rounds int) error {
+	nc, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return err
+	}
+	c := nc.(*Conn)
+	defer c.Close()
+	if c.Transport() != transport {
+		return fmt.Errorf("transport %s (%v), want %s", c.Transport(), c.FallbackReason(), transport)
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		c.SetDeadline(dl)
+	}
+	rng := rand.New(rand.NewPCG(seed, seed))
+	req, resp := make([]byte, 4096), make([]byte, 4096)
+	for r := range rounds {
+		n := 1 + rng.IntN(len(req))
+		for i := range req[:n] {
+			req[i] = byte(rng.Uint32())
+		}
+		if _, err := c.Write(req[:n]); err != nil {
+			return fmt.Errorf("round %d: write: %w", r, err)
+		}
+		if _, err := io.ReadFull(c, resp[:n]); err != nil {
+			return fmt.Errorf("round %d: read: %w", r, err)
+		}
+		if !bytes.Equal(req[:n], resp[:n]) {
+			return fmt.Errorf("round %d: echo differs", r)
+		}
+	}
+	if err := c.CloseWrite(); err != nil {
+		return err
+	}
+	if n, err := c.Read(resp); err != io.EOF {
+		return fmt.Errorf("after CloseWrite: read %d, %v; want EOF", n, err)
+	}
+	return nil
+}
+
+// TestGarbageWhileServing sends a Listener random bytes, half hellos, oversized
+// lengths and wrong magic from many connections while good clients keep doing echo
+// rounds: every good client succeeds, over RDMA, and the bad ones cost nothing else.
+func TestGarbageWhileServing(t *testing.T) {
+	fab := soft.New(soft.Options{})
+	scfg, ccfg := rdmaConfigs(t, FallbackTCP, fab)
+	scfg.HandshakeTimeout = 2 * time.Second
+	ln := listen(t, scfg)
+	var served sync.WaitGroup
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			served.Add(1)
+			go func() {
+				defer served.Done()
+				defer c.Close()
+				io.Copy(c, c)
+			}()
+		}
+	}()
+
+	good := rawHello(offerHello(nil))
+	garbage := [][]byte{
+		nil,                                     // connect and close
+		[]byte("GET / HTTP/1.1\r\n\r\n"),        // wrong magic
+		good[:5],                                // half a hello, then silence
+		{0x89, 'R', 'S', 'K', 1, 1, 0xff, 0xff}, // oversized body length
+		{0x89, 'R', 'S', 'K', 99, 1, 0, 4, 0, 0, 0, 0}, // unknown version
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(i), 0))
+			for k := 0; ; k++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				c, err := net.Dial("tcp", ln.Addr().String())
+				if err != nil {
+					continue
+				}
+				p := garbage[k%len(garbage)]
+				if k%(len(garbage)+1) == len(garbage) {
+					p = make([]byte, 1+rng.IntN(2048)) // random bytes
+					for j := range p {
+						p[j] = byte(rng.Uint32())
+					}
+				}
+				c.Write(p)
+				c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+				io.Copy(io.Discard, c)
+				c.Close()
+			}
+		}()
+	}
+	d := &Dialer{Config: ccfg}
+	var goodWG sync.WaitGroup
+	for i := range 20 {
+		goodWG.Add(1)
+		go func() {
+			defer goodWG.Done()
+			require.NoError(t, echoRounds(ctx, d, ln.Addr().String(), TransportRDMA, uint64(i), 20))
+		}()
+	}
+	goodWG.Wait()
+	close(stop)
+	wg.Wait()
+	ln.Close()
+	served.Wait()
+	requireReleased(t, fab)
+}
