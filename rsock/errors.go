@@ -1,6 +1,10 @@
 package rsock
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/rsockio/rsock/rsock/internal/rdma"
+)
 
 // Why a connection does not use RDMA. A [Conn]'s [Conn.FallbackReason] is a
 // [*FallbackError] that matches one of these with [errors.Is]. None of them is an
@@ -68,3 +72,24 @@ func (e *FallbackError) Unwrap() []error {
 	}
 	return []error{e.Err}
 }
+
+// Errors that end an RDMA connection, returned by its Read and Write (wrapped with what
+// happened). Bytes that arrived before the failure are still returned first.
+var (
+	// ErrQPFailed: a work completion failed, so the queue pair is in ERROR (transport
+	// retries exceeded, remote access error, flush...). The wrapped *verbs.WCError says
+	// which.
+	ErrQPFailed = rdma.ErrQPFailed
+	// ErrCQFailed: the completion queue the connection shares overflowed or failed.
+	ErrCQFailed = rdma.ErrCQFailed
+	// ErrControlLost: the bootstrap connection, kept as control channel, ended without
+	// the peer closing the stream: the peer process is gone.
+	ErrControlLost = rdma.ErrControlLost
+	// ErrKeepaliveTimeout: nothing arrived on the control channel for three keepalive
+	// periods.
+	ErrKeepaliveTimeout = rdma.ErrKeepaliveTimeout
+	// ErrPeerClosed: a Write after the peer closed the connection.
+	ErrPeerClosed = rdma.ErrPeerClosed
+	// ErrProtocol: the peer broke the flow-control protocol.
+	ErrProtocol = rdma.ErrProtocol
+)
