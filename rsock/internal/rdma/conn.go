@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rsockio/rsock/flowctl"
@@ -181,38 +182,46 @@ func (c *Conn) SetWriteDeadline(t time.Time) error { c.wdl.set(t); return nil }
 
 // deadline is a settable point in time that pending waits observe: its channel is
 // closed when the time passes, and replaced when the deadline moves into the future.
+// Reads and Writes check it with one atomic load; only set takes the mutex.
 type deadline struct {
 	mu      sync.Mutex
 	timer   *time.Timer
-	expired chan struct{}
+	expired atomic.Pointer[chan struct{}]
 }
 
-func (d *deadline) init() { d.expired = make(chan struct{}) }
+func (d *deadline) init() { d.renew() }
+
+// renew installs a fresh, open channel. Called with mu held (or before use).
+func (d *deadline) renew() chan struct{} {
+	ch := make(chan struct{})
+	d.expired.Store(&ch)
+	return ch
+}
 
 // set moves the deadline to t; the zero time means none.
 func (d *deadline) set(t time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.timer != nil {
-		// A timer that already fired has closed expired, or will find it replaced.
+		// A timer that already fired has closed its channel, or will find it replaced.
 		d.timer.Stop()
 		d.timer = nil
 	}
-	closed := isClosed(d.expired)
+	ch := *d.expired.Load()
+	closed := isClosed(ch)
 	if t.IsZero() {
 		if closed {
-			d.expired = make(chan struct{})
+			d.renew()
 		}
 		return
 	}
 	if dur := time.Until(t); dur > 0 {
 		if closed {
-			d.expired = make(chan struct{})
+			ch = d.renew()
 		}
-		ch := d.expired
 		d.timer = time.AfterFunc(dur, func() {
 			d.mu.Lock()
-			if d.expired == ch && !isClosed(ch) {
+			if *d.expired.Load() == ch && !isClosed(ch) {
 				close(ch)
 			}
 			d.mu.Unlock()
@@ -220,16 +229,12 @@ func (d *deadline) set(t time.Time) {
 		return
 	}
 	if !closed {
-		close(d.expired)
+		close(ch)
 	}
 }
 
 // wait returns a channel closed when the deadline passes.
-func (d *deadline) wait() chan struct{} {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.expired
-}
+func (d *deadline) wait() chan struct{} { return *d.expired.Load() }
 
 func isClosed(ch chan struct{}) bool {
 	select {
