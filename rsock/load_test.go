@@ -40,21 +40,7 @@ func TestLoad(t *testing.T) {
 				c.MaxConcurrentHandshakes = 256
 			}
 			ln := listen(t, scfg)
-			var served sync.WaitGroup
-			go func() {
-				for {
-					c, err := ln.Accept()
-					if err != nil {
-						return
-					}
-					served.Add(1)
-					go func() {
-						defer served.Done()
-						defer c.Close()
-						io.Copy(c, c)
-					}()
-				}
-			}()
+			served := serveEcho(ln)
 
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
@@ -80,6 +66,29 @@ func TestLoad(t *testing.T) {
 			requireReleased(t, fab)
 		})
 	}
+}
+
+// serveEcho echoes every connection ln accepts until ln closes. Wait on the result to
+// know every echo has ended.
+func serveEcho(ln *Listener) *sync.WaitGroup {
+	var served sync.WaitGroup
+	served.Add(1)
+	go func() {
+		defer served.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			served.Add(1)
+			go func() {
+				defer served.Done()
+				defer c.Close()
+				io.Copy(c, c)
+			}()
+		}
+	}()
+	return &served
 }
 
 // echoRounds dials, then sends rounds of random-sized requests and checks each echo.
@@ -130,21 +139,7 @@ func TestGarbageWhileServing(t *testing.T) {
 	scfg, ccfg := rdmaConfigs(t, FallbackTCP, fab)
 	scfg.HandshakeTimeout = 2 * time.Second
 	ln := listen(t, scfg)
-	var served sync.WaitGroup
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			served.Add(1)
-			go func() {
-				defer served.Done()
-				defer c.Close()
-				io.Copy(c, c)
-			}()
-		}
-	}()
+	served := serveEcho(ln)
 
 	good := rawHello(offerHello(nil))
 	garbage := [][]byte{
