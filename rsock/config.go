@@ -58,6 +58,11 @@ type Config struct {
 	// Tests set the software provider (verbs/soft) here.
 	Provider verbs.Provider
 
+	// DisableRDMA keeps connections on the fallback transport even when a provider is
+	// configured or available: this side neither offers nor accepts RDMA, and says so
+	// with [ErrNoProvider].
+	DisableRDMA bool
+
 	// Fallback is the transport connections start on, and stay on without RDMA.
 	// Default FallbackTCP.
 	Fallback Fallback

@@ -22,8 +22,13 @@ func defaultProvider() (verbs.Provider, error) {
 
 // provider returns the provider of a resolved Config: its own, or the default.
 func (c *Config) provider() (verbs.Provider, error) {
+	if c.DisableRDMA {
+		return nil, errRDMADisabled
+	}
 	if c.Provider != nil {
 		return c.Provider, nil
 	}
 	return defaultProvider()
 }
+
+var errRDMADisabled = fmt.Errorf("%w: RDMA disabled by Config.DisableRDMA", ErrNoProvider)

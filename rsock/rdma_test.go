@@ -81,7 +81,12 @@ func TestRDMAFallbackReasons(t *testing.T) {
 			clientWhy: ErrResourcesExhausted, serverWhy: ErrPeerOfferedNone,
 		},
 		{
-			name:      "connection limit",
+			name:      "client disabled RDMA",
+			setup:     func(fab *soft.Fabric, scfg, ccfg *Config) { ccfg.DisableRDMA = true },
+			clientWhy: ErrNoProvider, serverWhy: ErrPeerOfferedNone,
+		},
+		{
+			name:      "negative connection limit means none",
 			setup:     func(fab *soft.Fabric, scfg, ccfg *Config) { scfg.MaxRDMAConns, ccfg.MaxRDMAConns = -1, -1 },
 			clientWhy: nil,
 		},
