@@ -127,10 +127,12 @@ func (c *Conn) drain() {
 }
 
 // readControl watches the control channel until it ends. Bytes on it are keepalives;
-// with keepalives on, three silent periods are a timeout.
+// with keepalives on, and once the peer has sent one, three silent periods are a
+// timeout.
 func (c *Conn) readControl() {
 	defer close(c.ctrlDone)
 	var buf [16]byte
+	peerKeepsAlive := false
 	for {
 		c.mu.Lock()
 		failed, closing := c.err != nil, c.closing
@@ -141,10 +143,13 @@ func (c *Conn) readControl() {
 			}
 			return
 		}
-		if c.kaPeriod > 0 {
+		// Silence is a timeout only once the peer has shown it sends keepalives: a peer
+		// configured without them must not be cut off for being idle.
+		if c.kaPeriod > 0 && peerKeepsAlive {
 			c.ctrl.SetReadDeadline(time.Now().Add(3 * c.kaPeriod))
 		}
 		n, err := c.ctrl.Read(buf[:])
+		peerKeepsAlive = peerKeepsAlive || n > 0
 		for _, b := range buf[:n] {
 			if b != ctrlKeepalive[0] {
 				c.mu.Lock()

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -153,5 +154,44 @@ func TestQPErrorFailsConn(t *testing.T) {
 	require.True(t, errors.Is(err, ErrQPFailed), "Read after QP failure: %v", err)
 	require.NoError(t, a.Close())
 	require.NoError(t, b.Close())
+	requireReleased(t, f)
+}
+
+// TestKeepalive: with keepalives on at both ends an idle connection stays up, and a
+// peer that goes silent (its control channel stalls, here by freezing its keepalive
+// timer) is detected with ErrKeepaliveTimeout.
+func TestKeepalive(t *testing.T) {
+	f := soft.New(soft.Options{})
+	ca, cb := tcpPair(t)
+	ea, err := Prepare(f, loopback, Options{})
+	require.NoError(t, err)
+	eb, err := Prepare(f, loopback, Options{})
+	require.NoError(t, err)
+	const period = 20 * time.Millisecond
+	a, err := ea.Connect(eb.Offer(), ca, period)
+	require.NoError(t, err)
+	b, err := eb.Connect(ea.Offer(), cb, period)
+	require.NoError(t, err)
+	a.Start()
+	b.Start()
+
+	time.Sleep(10 * period) // idle, alive
+	_, err = a.Write([]byte("x"))
+	require.NoError(t, err)
+	buf := make([]byte, 1)
+	_, err = io.ReadFull(b, buf)
+	require.NoError(t, err)
+
+	b.mu.Lock()
+	b.keepalive.Stop() // b falls silent
+	b.closing = true   // and stays so: sendKeepalive will not rearm
+	b.mu.Unlock()
+	_, err = a.Read(buf)
+	require.ErrorIs(t, err, ErrKeepaliveTimeout)
+	b.mu.Lock()
+	b.closing = false
+	b.mu.Unlock()
+	a.Close()
+	b.Close()
 	requireReleased(t, f)
 }
