@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"reflect"
 	"sync"
+	"time"
 
 	"github.com/rsockio/rsock/verbs"
 )
@@ -59,13 +61,17 @@ var devices = struct {
 // acquireDevice returns the shared device of provider p that serves local address ip,
 // opening it on first use. Each successful call must be paired with release.
 func acquireDevice(p verbs.Provider, ip netip.Addr) (*device, error) {
-	attrs, err := p.Devices()
+	attrs, err := deviceAttrs(p)
 	if err != nil {
 		return nil, fmt.Errorf("list devices: %w", err)
 	}
 	devAttr, port, gidIndex, err := selectPort(attrs, ip)
 	if err != nil {
 		return nil, err
+	}
+	if !reflect.TypeOf(p).Comparable() {
+		// Devices are shared by provider; a provider must be usable as a map key.
+		return nil, fmt.Errorf("provider %s of type %T is not comparable: use a pointer", p.Name(), p)
 	}
 	key := deviceKey{provider: p, name: devAttr.Name}
 
@@ -92,6 +98,48 @@ func acquireDevice(p verbs.Provider, ip netip.Addr) (*device, error) {
 	}
 	devices.open[key] = d
 	return d, nil
+}
+
+// attrCacheTTL is how long a provider's device list is reused. Listing devices can be
+// costly (rdma-core opens each device and queries it), and connections are set up far
+// more often than ports change state.
+const attrCacheTTL = 5 * time.Second
+
+var attrCache = struct {
+	sync.Mutex
+	byProvider map[verbs.Provider]cachedAttrs
+}{byProvider: make(map[verbs.Provider]cachedAttrs)}
+
+type cachedAttrs struct {
+	attrs []verbs.DeviceAttr
+	until time.Time
+}
+
+// deviceAttrs returns p.Devices(), cached for attrCacheTTL. Errors are not cached.
+func deviceAttrs(p verbs.Provider) ([]verbs.DeviceAttr, error) {
+	if !reflect.TypeOf(p).Comparable() {
+		return p.Devices()
+	}
+	now := time.Now()
+	attrCache.Lock()
+	c, ok := attrCache.byProvider[p]
+	attrCache.Unlock()
+	if ok && now.Before(c.until) {
+		return c.attrs, nil
+	}
+	attrs, err := p.Devices()
+	if err != nil {
+		return nil, err
+	}
+	attrCache.Lock()
+	for k, v := range attrCache.byProvider { // drop expired providers (tests make many)
+		if now.After(v.until) {
+			delete(attrCache.byProvider, k)
+		}
+	}
+	attrCache.byProvider[p] = cachedAttrs{attrs: attrs, until: now.Add(attrCacheTTL)}
+	attrCache.Unlock()
+	return attrs, nil
 }
 
 // release drops one reference, closing the device with the last one.
