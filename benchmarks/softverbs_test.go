@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rsockio/rsock/benchmarks/internal/workload"
 	"github.com/rsockio/rsock/verbs"
 	"github.com/rsockio/rsock/verbs/soft"
 )
@@ -25,151 +26,51 @@ import (
 //     loaded machine they mostly measure how long the OS keeps a spinning thread off-CPU.
 //   - PingPong64BOneGoroutine: the same exchange driven by one goroutine, which polls each
 //     side in turn: the provider's own round-trip cost, without a cross-core handoff.
+//
+// WriteWithImm is the stream workload on the SoftVerbs transport, run as BenchmarkStream
+// runs it. The ping-pongs build on the workload package's QP pair but keep loops of
+// their own: the workloads have no two-goroutine ping-pong, and their one-goroutine
+// pingpong reads the clock twice per round trip for its percentiles and posts 64-byte
+// messages inline, which PingPong64BOneGoroutine leaves out to time the bare exchange.
 func BenchmarkSoftVerbs(b *testing.B) {
+	stream, ok := workload.LookupWorkload(workload.Stream)
+	if !ok {
+		b.Fatal("no stream workload")
+	}
+	softVerbs, ok := workload.Lookup(workload.SoftVerbs)
+	if !ok {
+		b.Fatal("no SoftVerbs transport")
+	}
 	for _, size := range []int{64, 4 << 10, 64 << 10, 1 << 20} {
-		b.Run("WriteWithImm/"+sizeName(size), func(b *testing.B) { benchSoftWriteWithImm(b, size) })
+		// The stream workload on SoftVerbs, as BenchmarkStream runs it, on a fresh fabric.
+		b.Run("WriteWithImm/"+workload.SizeName(size), func(b *testing.B) {
+			runBench(b, stream, startEnv(b, softVerbs), workload.Params{Size: size, Conns: 1})
+		})
 	}
 	b.Run("PingPong64B", benchSoftPingPong)
 	b.Run("PingPong64BOneGoroutine", benchSoftPingPongOneGoroutine)
 }
 
-func sizeName(n int) string {
-	switch {
-	case n >= 1<<20 && n%(1<<20) == 0:
-		return fmt.Sprintf("%dMiB", n>>20)
-	case n >= 1<<10 && n%(1<<10) == 0:
-		return fmt.Sprintf("%dKiB", n>>10)
-	}
-	return fmt.Sprintf("%dB", n)
-}
+// svSignalEvery is how many WRs make a signaled send, and how many completions a
+// receive batch, as in the workloads.
+const svSignalEvery = workload.SoftSignalEvery
 
-// Batch sizes of the benchmarks: WRs per signaled send, completions per poll and receive
-// WQEs per repost.
-const (
-	svSignalEvery = 16
-	svDepth       = 256 // send and receive queue depth
-)
-
-// svEndpoint is one side of a benchmark connection.
-type svEndpoint struct {
-	ctx      verbs.Context
-	pd       verbs.PD
-	scq, rcq verbs.CQ
-	qp       verbs.QP
-	src      verbs.MR // what this side sends from
-	ring     verbs.MR // where the peer writes
-	gid      verbs.GID
-	psn      uint32
-}
-
-// newSoftVerbsPair connects two QPs on two devices of a fresh fabric. Each side sends from
-// a region of srcSize bytes into the other's ring of ringSize bytes, and has svDepth
-// receive WQEs posted.
-func newSoftVerbsPair(b *testing.B, srcSize, ringSize int) (x, y *svEndpoint) {
+// newSoftVerbsPair connects two QPs on two devices of a fresh fabric, as the workloads'
+// raw soft-verbs transport does, and releases them when b ends. Each side sends from a
+// region of srcSize bytes into the other's ring of ringSize bytes, and has
+// workload.SoftDepth receive WQEs posted.
+func newSoftVerbsPair(b *testing.B, srcSize, ringSize int) (x, y *workload.SoftEndpoint) {
 	b.Helper()
-	fab := soft.New(soft.Options{Devices: 2})
-	must := func(err error) {
-		if err != nil {
-			b.Fatal(err)
+	x, y, closePair, err := workload.NewSoftPair(soft.New(soft.Options{Devices: 2}), srcSize, ringSize)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		if err := closePair(); err != nil {
+			b.Error(err)
 		}
-	}
-	open := func(dev string, psn uint32) *svEndpoint {
-		e := &svEndpoint{psn: psn}
-		var err error
-		e.ctx, err = fab.Open(dev)
-		must(err)
-		e.gid = e.ctx.Device().Ports[0].GIDs[1].GID
-		e.pd, err = e.ctx.AllocPD()
-		must(err)
-		e.scq, err = e.ctx.CreateCQ(2*svDepth, nil)
-		must(err)
-		e.rcq, err = e.ctx.CreateCQ(2*svDepth, nil)
-		must(err)
-		e.src, err = e.pd.RegMR(srcSize, verbs.AccessLocalWrite)
-		must(err)
-		e.ring, err = e.pd.RegMR(ringSize, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
-		must(err)
-		e.qp, err = e.pd.CreateQP(verbs.QPInitAttr{SendCQ: e.scq, RecvCQ: e.rcq,
-			Caps: verbs.QPCaps{MaxSendWR: svDepth, MaxRecvWR: svDepth, MaxSendSGE: 1, MaxInlineData: 64}})
-		must(err)
-		must(e.qp.ToInit(verbs.InitAttr{Port: 1, Access: verbs.AccessRemoteWrite}))
-		for i := range svDepth {
-			must(e.qp.PostRecv([]verbs.RecvWR{{ID: uint64(i)}}))
-		}
-		b.Cleanup(func() {
-			for _, c := range []interface{ Close() error }{e.qp, e.src, e.ring, e.scq, e.rcq, e.pd, e.ctx} {
-				must(c.Close())
-			}
-		})
-		return e
-	}
-	x, y = open("soft0", 100), open("soft1", 200)
-	connect := func(e, peer *svEndpoint) {
-		must(e.qp.ToRTR(verbs.RTRAttr{
-			PathMTU: verbs.MTU4096, DestQPN: peer.qp.QPN(), RQPSN: peer.psn, MinRNRTimer: 1,
-			Dest: verbs.AddressVector{Port: 1, IsGlobal: true, DestGID: peer.gid, SGIDIndex: 1, HopLimit: 64},
-		}))
-	}
-	connect(x, y)
-	connect(y, x)
-	must(x.qp.ToRTS(verbs.RTSAttr{SQPSN: x.psn, Timeout: 14, RetryCount: 7, RNRRetry: 7}))
-	must(y.qp.ToRTS(verbs.RTSAttr{SQPSN: y.psn, Timeout: 14, RetryCount: 7, RNRRetry: 7}))
+	})
 	return x, y
-}
-
-func benchSoftWriteWithImm(b *testing.B, size int) {
-	ringSize := max(8*size, 1<<20)
-	x, y := newSoftVerbsPair(b, size, ringSize)
-	wr := []verbs.SendWR{{
-		Opcode: verbs.OpRDMAWriteWithImm, Imm: uint32(size),
-		SGL:  []verbs.SGE{{Addr: x.src.Addr(), Length: uint32(size), LKey: x.src.LKey()}},
-		RKey: y.ring.RKey(),
-	}}
-	var reposts [svSignalEvery]verbs.RecvWR
-	wc := make([]verbs.WorkCompletion, svSignalEvery)
-	fail := func(what string, err error) { b.Fatalf("%s: %v", what, err) }
-
-	b.SetBytes(int64(size))
-	b.ReportAllocs()
-	var i uint64
-	for b.Loop() {
-		wr[0].ID = i
-		wr[0].RemoteAddr = y.ring.Addr() + i*uint64(size)%uint64(ringSize)
-		wr[0].Flags = 0
-		if i%svSignalEvery == svSignalEvery-1 {
-			wr[0].Flags = verbs.SendSignaled
-		}
-		if err := x.qp.PostSend(wr); err != nil {
-			fail("post", err)
-		}
-		i++
-		if i%svSignalEvery != 0 {
-			continue
-		}
-		// The sender reaps its signaled completion; the receiver its 16 receives.
-		if n, err := x.scq.Poll(wc[:1]); err != nil || n != 1 || wc[0].Status != verbs.WCSuccess {
-			b.Fatalf("send completion: %d %v %+v", n, err, wc[0])
-		}
-		got := 0
-		for got < svSignalEvery {
-			n, err := y.rcq.Poll(wc[got:])
-			if err != nil {
-				fail("poll receives", err)
-			}
-			for _, c := range wc[got : got+n] {
-				if c.Status != verbs.WCSuccess {
-					b.Fatalf("receive completion %+v", c)
-				}
-			}
-			got += n
-		}
-		for k := range reposts {
-			reposts[k].ID = wc[k].WRID
-		}
-		if err := y.qp.PostRecv(reposts[:]); err != nil {
-			fail("repost", err)
-		}
-	}
 }
 
 func benchSoftPingPong(b *testing.B) {
@@ -184,8 +85,8 @@ func benchSoftPingPong(b *testing.B) {
 
 	wr := []verbs.SendWR{{
 		Opcode: verbs.OpRDMAWriteWithImm, Flags: verbs.SendInline,
-		SGL:        []verbs.SGE{{Addr: x.src.Addr(), Length: size, LKey: x.src.LKey()}},
-		RemoteAddr: y.ring.Addr(), RKey: y.ring.RKey(),
+		SGL:        []verbs.SGE{{Addr: x.Src.Addr(), Length: size, LKey: x.Src.LKey()}},
+		RemoteAddr: y.Ring.Addr(), RKey: y.Ring.RKey(),
 	}}
 	repost := []verbs.RecvWR{{}}
 	var wc [svSignalEvery]verbs.WorkCompletion
@@ -200,11 +101,11 @@ func benchSoftPingPong(b *testing.B) {
 		if i%svSignalEvery == svSignalEvery-1 {
 			wr[0].Flags |= verbs.SendSignaled
 		}
-		if err := x.qp.PostSend(wr); err != nil {
+		if err := x.QP.PostSend(wr); err != nil {
 			b.Fatal(err)
 		}
 		for spins := 0; ; spins++ {
-			n, err := x.rcq.Poll(wc[:1])
+			n, err := x.RCQ.Poll(wc[:1])
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -220,11 +121,11 @@ func benchSoftPingPong(b *testing.B) {
 			b.Fatalf("answer %d: %+v", i, wc[0])
 		}
 		repost[0].ID = wc[0].WRID
-		if err := x.qp.PostRecv(repost); err != nil {
+		if err := x.QP.PostRecv(repost); err != nil {
 			b.Fatal(err)
 		}
 		if i%svSignalEvery == svSignalEvery-1 {
-			svReapSignaled(b, x.scq, wc[:1])
+			reapSignaled(b, x.SCQ, wc[:1])
 		}
 		i++
 	}
@@ -245,16 +146,16 @@ func benchSoftPingPong(b *testing.B) {
 
 // svEcho answers each write-with-immediate e receives with one of the same size and
 // immediate, until stop is set.
-func svEcho(e, peer *svEndpoint, size int, stop *atomic.Bool) error {
+func svEcho(e, peer *workload.SoftEndpoint, size int, stop *atomic.Bool) error {
 	wr := []verbs.SendWR{{
 		Opcode: verbs.OpRDMAWriteWithImm, Flags: verbs.SendInline,
-		SGL:        []verbs.SGE{{Addr: e.src.Addr(), Length: uint32(size), LKey: e.src.LKey()}},
-		RemoteAddr: peer.ring.Addr(), RKey: peer.ring.RKey(),
+		SGL:        []verbs.SGE{{Addr: e.Src.Addr(), Length: uint32(size), LKey: e.Src.LKey()}},
+		RemoteAddr: peer.Ring.Addr(), RKey: peer.Ring.RKey(),
 	}}
 	repost := []verbs.RecvWR{{}}
 	var wc [svSignalEvery]verbs.WorkCompletion
 	for sent, spins := 0, 0; !stop.Load(); {
-		n, err := e.rcq.Poll(wc[:1])
+		n, err := e.RCQ.Poll(wc[:1])
 		if err != nil {
 			return err
 		}
@@ -268,7 +169,7 @@ func svEcho(e, peer *svEndpoint, size int, stop *atomic.Bool) error {
 			return fmt.Errorf("echo: receive %+v", wc[0])
 		}
 		repost[0].ID = wc[0].WRID
-		if err := e.qp.PostRecv(repost); err != nil {
+		if err := e.QP.PostRecv(repost); err != nil {
 			return err
 		}
 		wr[0].ID, wr[0].Imm = uint64(sent), wc[0].Imm
@@ -276,11 +177,11 @@ func svEcho(e, peer *svEndpoint, size int, stop *atomic.Bool) error {
 		if sent%svSignalEvery == svSignalEvery-1 {
 			wr[0].Flags |= verbs.SendSignaled
 		}
-		if err := e.qp.PostSend(wr); err != nil {
+		if err := e.QP.PostSend(wr); err != nil {
 			return err
 		}
 		if sent%svSignalEvery == svSignalEvery-1 {
-			if n, err := e.scq.Poll(wc[:1]); err != nil || n != 1 || wc[0].Status != verbs.WCSuccess {
+			if n, err := e.SCQ.Poll(wc[:1]); err != nil || n != 1 || wc[0].Status != verbs.WCSuccess {
 				return fmt.Errorf("echo: send completion %d %v %+v", n, err, wc[0])
 			}
 		}
@@ -289,59 +190,53 @@ func svEcho(e, peer *svEndpoint, size int, stop *atomic.Bool) error {
 	return nil
 }
 
-// svReapSignaled polls, into wc, the one signaled send completion that frees the last
-// batch's slots. (wc comes from the caller: a local array would escape to the heap
-// through the interface call.)
-func svReapSignaled(b *testing.B, cq verbs.CQ, wc []verbs.WorkCompletion) {
-	for {
-		n, err := cq.Poll(wc)
-		if err != nil || (n == 1 && wc[0].Status != verbs.WCSuccess) {
-			b.Fatalf("send completion: %v %+v", err, wc[0])
-		}
-		if n == 1 {
-			return
-		}
-	}
-}
-
 func benchSoftPingPongOneGoroutine(b *testing.B) {
 	const size = 64
 	x, y := newSoftVerbsPair(b, size, 1<<16)
 	ping := []verbs.SendWR{{
 		Opcode:     verbs.OpRDMAWriteWithImm,
-		SGL:        []verbs.SGE{{Addr: x.src.Addr(), Length: size, LKey: x.src.LKey()}},
-		RemoteAddr: y.ring.Addr(), RKey: y.ring.RKey(),
+		SGL:        []verbs.SGE{{Addr: x.Src.Addr(), Length: size, LKey: x.Src.LKey()}},
+		RemoteAddr: y.Ring.Addr(), RKey: y.Ring.RKey(),
 	}}
 	pong := []verbs.SendWR{{
 		Opcode:     verbs.OpRDMAWriteWithImm,
-		SGL:        []verbs.SGE{{Addr: y.src.Addr(), Length: size, LKey: y.src.LKey()}},
-		RemoteAddr: x.ring.Addr(), RKey: x.ring.RKey(),
+		SGL:        []verbs.SGE{{Addr: y.Src.Addr(), Length: size, LKey: y.Src.LKey()}},
+		RemoteAddr: x.Ring.Addr(), RKey: x.Ring.RKey(),
 	}}
 	repost := []verbs.RecvWR{{}}
 	wc := make([]verbs.WorkCompletion, 1)
 	// hop moves one message: post it on from, reap it on to's receive CQ, repost there.
-	hop := func(wr []verbs.SendWR, from, to *svEndpoint, i int) {
+	hop := func(wr []verbs.SendWR, from, to *workload.SoftEndpoint, i int) {
 		wr[0].ID, wr[0].Imm, wr[0].Flags = uint64(i), uint32(i), 0
 		if i%svSignalEvery == svSignalEvery-1 {
 			wr[0].Flags = verbs.SendSignaled
 		}
-		if err := from.qp.PostSend(wr); err != nil {
+		if err := from.QP.PostSend(wr); err != nil {
 			b.Fatal(err)
 		}
-		if n, err := to.rcq.Poll(wc); err != nil || n != 1 || wc[0].Status != verbs.WCSuccess {
+		if n, err := to.RCQ.Poll(wc); err != nil || n != 1 || wc[0].Status != verbs.WCSuccess {
 			b.Fatalf("receive: %d %v %+v", n, err, wc[0])
 		}
 		repost[0].ID = wc[0].WRID
-		if err := to.qp.PostRecv(repost); err != nil {
+		if err := to.QP.PostRecv(repost); err != nil {
 			b.Fatal(err)
 		}
 		if i%svSignalEvery == svSignalEvery-1 {
-			svReapSignaled(b, from.scq, wc)
+			reapSignaled(b, from.SCQ, wc)
 		}
 	}
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
 		hop(ping, x, y, i)
 		hop(pong, y, x, i)
+	}
+}
+
+// reapSignaled polls, into wc, the one signaled send completion that frees the last
+// batch's slots. (wc comes from the caller: a local array would escape to the heap
+// through the interface call.)
+func reapSignaled(b *testing.B, cq verbs.CQ, wc []verbs.WorkCompletion) {
+	if err := workload.ReapSignaled(cq, wc); err != nil {
+		b.Fatal(err)
 	}
 }

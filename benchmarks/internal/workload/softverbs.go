@@ -10,30 +10,30 @@ import (
 )
 
 // The raw soft-verbs workloads measure verbs/soft without rsock: the ceiling of rsock's
-// RDMA path on that provider. They follow the method of BenchmarkSoftVerbs in
-// benchmarks/softverbs_test.go (which a command cannot import): the same queue depths,
-// batches, ring sizes and polling, so that figures from either compare.
+// RDMA path on that provider. BenchmarkSoftVerbs in benchmarks/softverbs_test.go runs
+// softStream as it is, and builds its ping-pongs on NewSoftPair and ReapSignaled, so
+// that figures from either compare.
 
 const (
-	svSignalEvery = 16  // WRs per signaled send, completions per receive batch
-	svDepth       = 256 // send and receive queue depth
+	SoftSignalEvery = 16  // WRs per signaled send, completions per receive batch
+	SoftDepth       = 256 // send and receive queue depth
 )
 
-// svEndpoint is one side of a raw soft-verbs connection.
-type svEndpoint struct {
+// SoftEndpoint is one side of a raw soft-verbs connection.
+type SoftEndpoint struct {
 	ctx      verbs.Context
 	pd       verbs.PD
-	scq, rcq verbs.CQ
-	qp       verbs.QP
-	src      verbs.MR // what this side sends from
-	ring     verbs.MR // where the peer writes
+	SCQ, RCQ verbs.CQ // send and receive completion queues
+	QP       verbs.QP
+	Src      verbs.MR // what this side sends from
+	Ring     verbs.MR // where the peer writes
 	gid      verbs.GID
 	psn      uint32
 }
 
-func (e *svEndpoint) close() error {
+func (e *SoftEndpoint) close() error {
 	var errs []error
-	for _, c := range []interface{ Close() error }{e.qp, e.src, e.ring, e.scq, e.rcq, e.pd, e.ctx} {
+	for _, c := range []interface{ Close() error }{e.QP, e.Src, e.Ring, e.SCQ, e.RCQ, e.pd, e.ctx} {
 		if c != nil {
 			errs = append(errs, c.Close())
 		}
@@ -41,11 +41,11 @@ func (e *svEndpoint) close() error {
 	return errors.Join(errs...)
 }
 
-// newSVPair connects two QPs on devices soft0 and soft1 of fab. Each side sends from a
-// region of srcSize bytes into the other's ring of ringSize bytes and has svDepth
-// receive WQEs posted. close releases both.
-func newSVPair(fab *soft.Fabric, srcSize, ringSize int) (x, y *svEndpoint, close func() error, err error) {
-	var eps []*svEndpoint
+// NewSoftPair connects two QPs on devices soft0 and soft1 of fab. Each side sends from a
+// region of srcSize bytes into the other's ring of ringSize bytes and has SoftDepth
+// receive WQEs posted, with IDs 0 to SoftDepth-1. close releases both.
+func NewSoftPair(fab *soft.Fabric, srcSize, ringSize int) (x, y *SoftEndpoint, close func() error, err error) {
+	var eps []*SoftEndpoint
 	close = func() error {
 		var errs []error
 		for _, e := range eps {
@@ -58,8 +58,8 @@ func newSVPair(fab *soft.Fabric, srcSize, ringSize int) (x, y *svEndpoint, close
 			close()
 		}
 	}()
-	open := func(dev string, psn uint32) (*svEndpoint, error) {
-		e := &svEndpoint{psn: psn}
+	open := func(dev string, psn uint32) (*SoftEndpoint, error) {
+		e := &SoftEndpoint{psn: psn}
 		eps = append(eps, e)
 		var err error
 		if e.ctx, err = fab.Open(dev); err != nil {
@@ -69,28 +69,28 @@ func newSVPair(fab *soft.Fabric, srcSize, ringSize int) (x, y *svEndpoint, close
 		if e.pd, err = e.ctx.AllocPD(); err != nil {
 			return nil, err
 		}
-		if e.scq, err = e.ctx.CreateCQ(2*svDepth, nil); err != nil {
+		if e.SCQ, err = e.ctx.CreateCQ(2*SoftDepth, nil); err != nil {
 			return nil, err
 		}
-		if e.rcq, err = e.ctx.CreateCQ(2*svDepth, nil); err != nil {
+		if e.RCQ, err = e.ctx.CreateCQ(2*SoftDepth, nil); err != nil {
 			return nil, err
 		}
-		if e.src, err = e.pd.RegMR(srcSize, verbs.AccessLocalWrite); err != nil {
+		if e.Src, err = e.pd.RegMR(srcSize, verbs.AccessLocalWrite); err != nil {
 			return nil, err
 		}
-		if e.ring, err = e.pd.RegMR(ringSize, verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
+		if e.Ring, err = e.pd.RegMR(ringSize, verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
 			return nil, err
 		}
-		e.qp, err = e.pd.CreateQP(verbs.QPInitAttr{SendCQ: e.scq, RecvCQ: e.rcq,
-			Caps: verbs.QPCaps{MaxSendWR: svDepth, MaxRecvWR: svDepth, MaxSendSGE: 1, MaxInlineData: 64}})
+		e.QP, err = e.pd.CreateQP(verbs.QPInitAttr{SendCQ: e.SCQ, RecvCQ: e.RCQ,
+			Caps: verbs.QPCaps{MaxSendWR: SoftDepth, MaxRecvWR: SoftDepth, MaxSendSGE: 1, MaxInlineData: 64}})
 		if err != nil {
 			return nil, err
 		}
-		if err := e.qp.ToInit(verbs.InitAttr{Port: 1, Access: verbs.AccessRemoteWrite}); err != nil {
+		if err := e.QP.ToInit(verbs.InitAttr{Port: 1, Access: verbs.AccessRemoteWrite}); err != nil {
 			return nil, err
 		}
-		for i := range svDepth {
-			if err := e.qp.PostRecv([]verbs.RecvWR{{ID: uint64(i)}}); err != nil {
+		for i := range SoftDepth {
+			if err := e.QP.PostRecv([]verbs.RecvWR{{ID: uint64(i)}}); err != nil {
 				return nil, err
 			}
 		}
@@ -102,9 +102,9 @@ func newSVPair(fab *soft.Fabric, srcSize, ringSize int) (x, y *svEndpoint, close
 	if y, err = open("soft1", 200); err != nil {
 		return nil, nil, close, err
 	}
-	connect := func(e, peer *svEndpoint) error {
-		return e.qp.ToRTR(verbs.RTRAttr{
-			PathMTU: verbs.MTU4096, DestQPN: peer.qp.QPN(), RQPSN: peer.psn, MinRNRTimer: 1,
+	connect := func(e, peer *SoftEndpoint) error {
+		return e.QP.ToRTR(verbs.RTRAttr{
+			PathMTU: verbs.MTU4096, DestQPN: peer.QP.QPN(), RQPSN: peer.psn, MinRNRTimer: 1,
 			Dest: verbs.AddressVector{Port: 1, IsGlobal: true, DestGID: peer.gid, SGIDIndex: 1, HopLimit: 64},
 		})
 	}
@@ -112,8 +112,8 @@ func newSVPair(fab *soft.Fabric, srcSize, ringSize int) (x, y *svEndpoint, close
 		return nil, nil, close, err
 	}
 	err = errors.Join(
-		x.qp.ToRTS(verbs.RTSAttr{SQPSN: x.psn, Timeout: 14, RetryCount: 7, RNRRetry: 7}),
-		y.qp.ToRTS(verbs.RTSAttr{SQPSN: y.psn, Timeout: 14, RetryCount: 7, RNRRetry: 7}))
+		x.QP.ToRTS(verbs.RTSAttr{SQPSN: x.psn, Timeout: 14, RetryCount: 7, RNRRetry: 7}),
+		y.QP.ToRTS(verbs.RTSAttr{SQPSN: y.psn, Timeout: 14, RetryCount: 7, RNRRetry: 7}))
 	if err != nil {
 		return nil, nil, close, err
 	}
@@ -126,38 +126,38 @@ func newSVPair(fab *soft.Fabric, srcSize, ringSize int) (x, y *svEndpoint, close
 // completions and reposts their WQEs in one PostRecv.
 func softStream(ctl Control, env *Env, size int) (_ Metrics, err error) {
 	ringSize := max(8*size, 1<<20)
-	x, y, closePair, err := newSVPair(env.fabric, size, ringSize)
+	x, y, closePair, err := NewSoftPair(env.fabric, size, ringSize)
 	if err != nil {
 		return Metrics{}, err
 	}
 	defer func() { err = errors.Join(err, closePair()) }()
 	wr := []verbs.SendWR{{
 		Opcode: verbs.OpRDMAWriteWithImm, Imm: uint32(size),
-		SGL:  []verbs.SGE{{Addr: x.src.Addr(), Length: uint32(size), LKey: x.src.LKey()}},
-		RKey: y.ring.RKey(),
+		SGL:  []verbs.SGE{{Addr: x.Src.Addr(), Length: uint32(size), LKey: x.Src.LKey()}},
+		RKey: y.Ring.RKey(),
 	}}
-	var reposts [svSignalEvery]verbs.RecvWR
-	wc := make([]verbs.WorkCompletion, svSignalEvery)
+	var reposts [SoftSignalEvery]verbs.RecvWR
+	wc := make([]verbs.WorkCompletion, SoftSignalEvery)
 	var i uint64
 	for ctl.Next() {
 		wr[0].ID = i
-		wr[0].RemoteAddr = y.ring.Addr() + i*uint64(size)%uint64(ringSize)
+		wr[0].RemoteAddr = y.Ring.Addr() + i*uint64(size)%uint64(ringSize)
 		wr[0].Flags = 0
-		if i%svSignalEvery == svSignalEvery-1 {
+		if i%SoftSignalEvery == SoftSignalEvery-1 {
 			wr[0].Flags = verbs.SendSignaled
 		}
-		if err := x.qp.PostSend(wr); err != nil {
+		if err := x.QP.PostSend(wr); err != nil {
 			return Metrics{}, fmt.Errorf("post: %w", err)
 		}
 		i++
-		if i%svSignalEvery != 0 {
+		if i%SoftSignalEvery != 0 {
 			continue
 		}
-		if n, err := x.scq.Poll(wc[:1]); err != nil || n != 1 || wc[0].Status != verbs.WCSuccess {
+		if n, err := x.SCQ.Poll(wc[:1]); err != nil || n != 1 || wc[0].Status != verbs.WCSuccess {
 			return Metrics{}, fmt.Errorf("send completion: %d %v %+v", n, err, wc[0])
 		}
-		for got := 0; got < svSignalEvery; {
-			n, err := y.rcq.Poll(wc[got:])
+		for got := 0; got < SoftSignalEvery; {
+			n, err := y.RCQ.Poll(wc[got:])
 			if err != nil {
 				return Metrics{}, fmt.Errorf("poll receives: %w", err)
 			}
@@ -171,7 +171,7 @@ func softStream(ctl Control, env *Env, size int) (_ Metrics, err error) {
 		for k := range reposts {
 			reposts[k].ID = wc[k].WRID
 		}
-		if err := y.qp.PostRecv(reposts[:]); err != nil {
+		if err := y.QP.PostRecv(reposts[:]); err != nil {
 			return Metrics{}, fmt.Errorf("repost: %w", err)
 		}
 	}
@@ -185,7 +185,7 @@ func softStream(ctl Control, env *Env, size int) (_ Metrics, err error) {
 // PingPong64B, each side spinning on its CQ, measures on a loaded machine mostly how
 // long the OS keeps a spinning thread off the CPU.)
 func softPingPong(ctl Control, env *Env, size int) (_ Metrics, err error) {
-	x, y, closePair, err := newSVPair(env.fabric, size, 1<<16)
+	x, y, closePair, err := NewSoftPair(env.fabric, size, 1<<16)
 	if err != nil {
 		return Metrics{}, err
 	}
@@ -194,34 +194,34 @@ func softPingPong(ctl Control, env *Env, size int) (_ Metrics, err error) {
 	if size <= 64 {
 		flags = verbs.SendInline
 	}
-	write := func(from, to *svEndpoint) []verbs.SendWR {
+	write := func(from, to *SoftEndpoint) []verbs.SendWR {
 		return []verbs.SendWR{{
 			Opcode:     verbs.OpRDMAWriteWithImm,
-			SGL:        []verbs.SGE{{Addr: from.src.Addr(), Length: uint32(size), LKey: from.src.LKey()}},
-			RemoteAddr: to.ring.Addr(), RKey: to.ring.RKey(),
+			SGL:        []verbs.SGE{{Addr: from.Src.Addr(), Length: uint32(size), LKey: from.Src.LKey()}},
+			RemoteAddr: to.Ring.Addr(), RKey: to.Ring.RKey(),
 		}}
 	}
 	ping, pong := write(x, y), write(y, x)
 	repost := []verbs.RecvWR{{}}
 	wc := make([]verbs.WorkCompletion, 1)
 	// hop moves one message: post it on from, reap it on to's receive CQ, repost there.
-	hop := func(wr []verbs.SendWR, from, to *svEndpoint, i int) error {
+	hop := func(wr []verbs.SendWR, from, to *SoftEndpoint, i int) error {
 		wr[0].ID, wr[0].Imm, wr[0].Flags = uint64(i), uint32(i), flags
-		if i%svSignalEvery == svSignalEvery-1 {
+		if i%SoftSignalEvery == SoftSignalEvery-1 {
 			wr[0].Flags |= verbs.SendSignaled
 		}
-		if err := from.qp.PostSend(wr); err != nil {
+		if err := from.QP.PostSend(wr); err != nil {
 			return err
 		}
-		if n, err := to.rcq.Poll(wc); err != nil || n != 1 || wc[0].Status != verbs.WCSuccess || wc[0].Imm != uint32(i) {
+		if n, err := to.RCQ.Poll(wc); err != nil || n != 1 || wc[0].Status != verbs.WCSuccess || wc[0].Imm != uint32(i) {
 			return fmt.Errorf("receive %d: %d %v %+v", i, n, err, wc[0])
 		}
 		repost[0].ID = wc[0].WRID
-		if err := to.qp.PostRecv(repost); err != nil {
+		if err := to.QP.PostRecv(repost); err != nil {
 			return err
 		}
-		if i%svSignalEvery == svSignalEvery-1 {
-			return svReapSignaled(from.scq, wc)
+		if i%SoftSignalEvery == SoftSignalEvery-1 {
+			return ReapSignaled(from.SCQ, wc)
 		}
 		return nil
 	}
@@ -239,9 +239,9 @@ func softPingPong(ctl Control, env *Env, size int) (_ Metrics, err error) {
 	return Metrics{BytesPerOp: 2 * int64(size), Latency: rec.percentiles()}, nil
 }
 
-// svReapSignaled polls, into wc, the one signaled send completion that frees the last
+// ReapSignaled polls, into wc, the one signaled send completion that frees the last
 // batch's slots.
-func svReapSignaled(cq verbs.CQ, wc []verbs.WorkCompletion) error {
+func ReapSignaled(cq verbs.CQ, wc []verbs.WorkCompletion) error {
 	for {
 		n, err := cq.Poll(wc[:1])
 		if err != nil || (n == 1 && wc[0].Status != verbs.WCSuccess) {

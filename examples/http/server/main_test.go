@@ -5,40 +5,19 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"io"
-	"log"
 	"net/http"
-	"strings"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
+	"github.com/rsockio/rsock/examples/internal/exampletest"
 	rsockhttp "github.com/rsockio/rsock/http"
 	"github.com/rsockio/rsock/rsock"
 	"github.com/rsockio/rsock/verbs/soft"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
-}
-
-// syncBuffer is a strings.Builder safe for concurrent writes, for a log.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	exampletest.VerifyTestMain(m)
 }
 
 // TestServer serves an rsock client over soft RDMA and a plain net/http client over
@@ -47,8 +26,8 @@ func TestServer(t *testing.T) {
 	fab := soft.New(soft.Options{})
 	ln, err := rsock.Listen("tcp", "127.0.0.1:0", &rsock.Config{Provider: fab, AcceptPlainClients: true})
 	require.NoError(t, err)
-	var logs syncBuffer
-	srv := newServer("", log.New(&logs, "", 0))
+	var logs exampletest.Log
+	srv := newServer("", logs.Logger())
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	url := "http://" + ln.Addr().String()
