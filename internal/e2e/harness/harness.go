@@ -101,7 +101,8 @@ func (tr Transport) Env(t testing.TB) *Env {
 // be closed. It guards against a hang only: connections normally close at once.
 const CloseWait = 30 * time.Second
 
-// requireClosed waits for every connection of e's Listeners and Dialers to be closed.
+// requireClosed waits for the dials of e's Dialers to end and for every connection of
+// its Listeners and Dialers to be closed.
 func (e *Env) requireClosed(t testing.TB) {
 	t.Helper()
 	e.mu.Lock()
@@ -109,6 +110,13 @@ func (e *Env) requireClosed(t testing.TB) {
 	e.mu.Unlock()
 	timeout := time.NewTimer(CloseWait)
 	defer timeout.Stop()
+	for _, r := range recs {
+		select {
+		case <-r.dialsDone():
+		case <-timeout.C:
+			t.Fatalf("%s: a dial still in progress at the end of the test", r.side)
+		}
+	}
 	for _, r := range recs {
 		for _, c := range r.conns() {
 			select {
@@ -158,6 +166,7 @@ func (e *Env) RecordDials(dial DialFunc) DialFunc {
 	r := &recorder{side: "client"}
 	e.track(r)
 	return func(ctx context.Context, network, address string) (net.Conn, error) {
+		defer r.dialing()()
 		c, err := dial(ctx, network, address)
 		if err != nil {
 			return nil, err
@@ -235,6 +244,7 @@ type Dialer struct {
 
 // DialContext dials address and records the connection.
 func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	defer d.record.dialing()()
 	c, err := d.DialRsock(ctx, network, address)
 	if err != nil {
 		return nil, err
@@ -275,6 +285,42 @@ type recorder struct {
 
 	mu sync.Mutex
 	cs []*Conn
+	// dials counts the dials in progress. A client may go on dialing after the
+	// request that wanted the connection was served by another (http.Transport does), so
+	// a connection may still appear, or a failed dial still be releasing its
+	// resources, when the test body has returned.
+	dials   int
+	noDials chan struct{} // closed when dials drops to zero; nil if nobody waits
+}
+
+// dialing counts a dial in progress; call the function it returns when the dial ends.
+func (r *recorder) dialing() (done func()) {
+	r.mu.Lock()
+	r.dials++
+	r.mu.Unlock()
+	return func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.dials--; r.dials == 0 && r.noDials != nil {
+			close(r.noDials)
+			r.noDials = nil
+		}
+	}
+}
+
+// dialsDone returns a channel closed once no dial of r is in progress.
+func (r *recorder) dialsDone() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.dials == 0 {
+		done := make(chan struct{})
+		close(done)
+		return done
+	}
+	if r.noDials == nil {
+		r.noDials = make(chan struct{})
+	}
+	return r.noDials
 }
 
 func (r *recorder) add(rc *rsock.Conn) *Conn {
