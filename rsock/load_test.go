@@ -21,7 +21,7 @@ import (
 // connections, rounds and time.
 func TestLoad(t *testing.T) {
 	conns, rounds := 1000, 20
-	if raceEnabled || testing.Short() {
+	if testing.Short() {
 		conns, rounds = 200, 10
 	}
 	for _, rdma := range []bool{true, false} {

@@ -1,5 +1,0 @@
-//go:build !race
-
-package rsock
-
-const raceEnabled = false
