@@ -23,21 +23,27 @@ import (
 // The tests in this file run the provider against testdata/fakeverbs, a test double
 // of libibverbs.so.1 built here with the C compiler. libibverbs is loaded once per
 // process, so each scenario runs in a child process of the test binary with
-// LD_LIBRARY_PATH pointing at the double. The double checks the plumbing (masks,
+// LD_LIBRARY_PATH pointing at the double: the child runs TestFakeLibibverbs again,
+// which, finding childEnv set, runs the scenario it names instead of starting children. The double checks the plumbing (masks,
 // byte order, no Go pointers in C, acknowledged events); it is not a model of a
 // device: see the comment at the top of fakeverbs.c.
 
 const childEnv = "RSOCK_IBV_FAKE_CHILD"
 
-// buildLib compiles a C file into dir/libibverbs.so.1.
+// fakeScenarios are the scenarios a child process runs, by the name in childEnv.
+var fakeScenarios = map[string]func(t *testing.T){
+	"device":     fakeDevice,
+	"no-device":  fakeNoDevice,
+	"broken-lib": fakeBrokenLib,
+}
+
+// buildLib compiles a C file into dir/libibverbs.so.1, with the C compiler that built
+// this cgo package (so one is there).
 func buildLib(t *testing.T, dir string, args ...string) {
 	t.Helper()
 	cc := os.Getenv("CC")
 	if cc == "" {
 		cc = "gcc"
-	}
-	if _, err := exec.LookPath(cc); err != nil {
-		t.Skipf("no C compiler (%s) to build the libibverbs test double: %v", cc, err)
 	}
 	cmd := exec.Command(cc, append([]string{"-shared", "-fPIC", "-O1", "-Wall",
 		"-o", filepath.Join(dir, "libibverbs.so.1"), "-Wl,-soname,libibverbs.so.1"}, args...)...)
@@ -45,59 +51,57 @@ func buildLib(t *testing.T, dir string, args ...string) {
 	require.NoError(t, err, "building the libibverbs test double: %s", out)
 }
 
-// runChild runs one TestFakeChild* test in a child process with the double loaded.
-func runChild(t *testing.T, libDir, test string, env ...string) string {
+// runChild runs a scenario in a child process with the double in libDir loaded.
+func runChild(t *testing.T, libDir, scenario string, env ...string) string {
 	t.Helper()
+	const test = "TestFakeLibibverbs"
 	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.v", "-test.count=1")
-	cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+libDir, childEnv+"=1",
+	cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+libDir, childEnv+"="+scenario,
 		// Under -race, a child would otherwise sleep a second before exiting.
 		"GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
 	cmd.Env = append(cmd.Env, env...)
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "--- PASS: "+test) {
-		t.Fatalf("child %s %v: %v\n%s", test, env, err, out)
+		t.Fatalf("child %s %v: %v\n%s", scenario, env, err, out)
 	}
 	if testing.Verbose() {
-		t.Logf("child %s %v:\n%s", test, env, out)
+		t.Logf("child %s %v:\n%s", scenario, env, out)
 	}
 	return string(out)
 }
 
 func TestFakeLibibverbs(t *testing.T) {
-	if os.Getenv(childEnv) != "" {
-		t.Skip("in a child process")
+	if name := os.Getenv(childEnv); name != "" {
+		scenario := fakeScenarios[name]
+		if scenario == nil {
+			t.Fatalf("%s=%q names no scenario", childEnv, name)
+		}
+		scenario(t)
+		return
 	}
 	dir := t.TempDir()
 	buildLib(t, dir, "-Wl,--version-script=testdata/fakeverbs/fakeverbs.map", "testdata/fakeverbs/fakeverbs.c")
 
-	t.Run("extended context", func(t *testing.T) { runChild(t, dir, "TestFakeChild") })
-	t.Run("compat query_port", func(t *testing.T) { runChild(t, dir, "TestFakeChild", "FAKEVERBS_COMPAT=1") })
-	t.Run("no device", func(t *testing.T) { runChild(t, dir, "TestFakeChildNoDevice", "FAKEVERBS_NODEV=1") })
+	t.Run("extended context", func(t *testing.T) { runChild(t, dir, "device") })
+	t.Run("compat query_port", func(t *testing.T) { runChild(t, dir, "device", "FAKEVERBS_COMPAT=1") })
+	t.Run("no device", func(t *testing.T) { runChild(t, dir, "no-device", "FAKEVERBS_NODEV=1") })
 
 	// A library that lacks the functions: Open reports which, as a LibraryError.
 	broken := t.TempDir()
 	src := filepath.Join(broken, "empty.c")
 	require.NoError(t, os.WriteFile(src, []byte("void rsock_not_libibverbs(void) {}\n"), 0o644))
 	buildLib(t, broken, src)
-	t.Run("missing symbols", func(t *testing.T) { runChild(t, broken, "TestFakeChildBrokenLib") })
+	t.Run("missing symbols", func(t *testing.T) { runChild(t, broken, "broken-lib") })
 }
 
-func childOnly(t *testing.T) {
-	if os.Getenv(childEnv) == "" {
-		t.Skip("run by TestFakeLibibverbs in a child process")
-	}
-}
-
-func TestFakeChildNoDevice(t *testing.T) {
-	childOnly(t)
+func fakeNoDevice(t *testing.T) {
 	p, err := Open()
 	require.Nil(t, p)
 	require.ErrorIs(t, err, verbs.ErrNoDevice)
 	require.EqualError(t, err, "ibv: no RDMA device: libibverbs lists none")
 }
 
-func TestFakeChildBrokenLib(t *testing.T) {
-	childOnly(t)
+func fakeBrokenLib(t *testing.T) {
 	_, err := Open()
 	var le *LibraryError
 	require.ErrorAs(t, err, &le)
@@ -184,8 +188,7 @@ func pollOne(t *testing.T, cq verbs.CQ) verbs.WorkCompletion {
 	return verbs.WorkCompletion{}
 }
 
-func TestFakeChild(t *testing.T) {
-	childOnly(t)
+func fakeDevice(t *testing.T) {
 	sysfsRoot = "testdata/sysfs-fake"
 
 	t.Run("devices", func(t *testing.T) {
