@@ -25,8 +25,8 @@ import (
 // TestListenAndServe runs the package's helpers as a user would: ListenAndServe on a
 // port chosen by the kernel, NewClient, and Shutdown.
 func TestListenAndServe(t *testing.T) {
-	forEachTransport(t, func(t *testing.T, env *harness.Env) {
-		ctx := testContext(t)
+	harness.ForEachTransport(t, func(t *testing.T, env *harness.Env) {
+		ctx := harness.Context(t)
 		addrs := make(chan net.Addr, 1)
 		srv := &http.Server{
 			Addr: "127.0.0.1:0",
@@ -80,8 +80,8 @@ func TestKeepAlive(t *testing.T) {
 		goroutines = 16
 		perG       = 25
 	)
-	forEachTransport(t, func(t *testing.T, env *harness.Env) {
-		ctx := testContext(t)
+	harness.ForEachTransport(t, func(t *testing.T, env *harness.Env) {
+		ctx := harness.Context(t)
 		s := serve(t, env, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			fmt.Fprintf(w, "%s %s", r.URL.Query().Get("id"), rsockhttp.ConnTransport(r))
 		}))
@@ -144,8 +144,8 @@ func TestBigBodies(t *testing.T) {
 		}
 		w.Header().Set("X-Sha256", hex.EncodeToString(h.Sum(nil)))
 	})
-	forEachTransport(t, func(t *testing.T, env *harness.Env) {
-		ctx := testContext(t)
+	harness.ForEachTransport(t, func(t *testing.T, env *harness.Env) {
+		ctx := harness.Context(t)
 		s := serve(t, env, handler)
 		c, _, d := client(t, env)
 
@@ -185,8 +185,8 @@ func TestBigBodies(t *testing.T) {
 // client has read the one before: a piece held back in a buffer hangs the test.
 func TestStreamingResponse(t *testing.T) {
 	sizes := []int{1, 100, 4 << 10, 64 << 10, 1 << 20, 7}
-	forEachTransport(t, func(t *testing.T, env *harness.Env) {
-		ctx := testContext(t)
+	harness.ForEachTransport(t, func(t *testing.T, env *harness.Env) {
+		ctx := harness.Context(t)
 		acks := make(chan struct{})
 		s := serve(t, env, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			rc := http.NewResponseController(w)
@@ -242,8 +242,8 @@ func TestClientCancel(t *testing.T) {
 		chunk = 32 << 10
 		limit = 1 << 30 // the handler would stop here; it must stop long before
 	)
-	forEachTransport(t, func(t *testing.T, env *harness.Env) {
-		ctx := testContext(t)
+	harness.ForEachTransport(t, func(t *testing.T, env *harness.Env) {
+		ctx := harness.Context(t)
 		type outcome struct {
 			sent   int64
 			ctxErr error
@@ -296,8 +296,8 @@ func TestClientCancel(t *testing.T) {
 // finish, closes their connections and then returns.
 func TestShutdownInFlight(t *testing.T) {
 	const inFlight = 6
-	forEachTransport(t, func(t *testing.T, env *harness.Env) {
-		ctx := testContext(t)
+	harness.ForEachTransport(t, func(t *testing.T, env *harness.Env) {
+		ctx := harness.Context(t)
 		started := make(chan struct{}, inFlight)
 		release := make(chan struct{})
 		s := serve(t, env, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -354,8 +354,8 @@ func TestShutdownInFlight(t *testing.T) {
 // TestPlainClient serves a stock http.Client, which knows nothing of rsock, next to an
 // rsock client, from one Listener with AcceptPlainClients.
 func TestPlainClient(t *testing.T) {
-	forEachTransport(t, func(t *testing.T, env *harness.Env) {
-		ctx := testContext(t)
+	harness.ForEachTransport(t, func(t *testing.T, env *harness.Env) {
+		ctx := harness.Context(t)
 		env.Server.AcceptPlainClients = true
 		s := serve(t, env, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			fmt.Fprintf(w, "hello %s", rsockhttp.ConnTransport(r))

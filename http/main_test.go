@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"testing"
-	"time"
 
 	"go.uber.org/goleak"
 
@@ -17,17 +16,6 @@ import (
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
-}
-
-// hangGuard bounds every wait of a test. It never decides a result: a test that needs
-// it has hung, and fails.
-const hangGuard = 2 * time.Minute
-
-// testContext returns a context that ends at the test's end or after hangGuard.
-func testContext(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(t.Context(), hangGuard)
-	t.Cleanup(cancel)
-	return ctx
 }
 
 // server is an unmodified http.Server serving on a recording rsock Listener.
@@ -81,13 +69,6 @@ func requireTransports(t *testing.T, env *harness.Env, s *server, d *harness.Dia
 	t.Helper()
 	harness.RequireTransport(t, env.Want, s.ln.Conns(), max, "server")
 	harness.RequireTransport(t, env.Want, d.Conns(), max, "client")
-}
-
-// forEachTransport runs f as a subtest on every transport.
-func forEachTransport(t *testing.T, f func(t *testing.T, env *harness.Env)) {
-	for _, tr := range harness.Transports {
-		t.Run(tr.Name, func(t *testing.T) { f(t, tr.Env(t)) })
-	}
 }
 
 // get performs a GET of url with ctx and returns the body, requiring status 200.

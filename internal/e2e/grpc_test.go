@@ -34,8 +34,8 @@ func TestGRPCUnary(t *testing.T) {
 		{maxMsg, codes.OK},
 		{maxMsg + 1, codes.ResourceExhausted}, // grpc-go's own limit, as configured
 	}
-	forEachTransport(t, func(t *testing.T, env *harness.Env) {
-		ctx := testContext(t)
+	harness.ForEachTransport(t, func(t *testing.T, env *harness.Env) {
+		ctx := harness.Context(t)
 		s, c, d := grpcPair(t, env, echosvc.Service{})
 		for _, tt := range tests {
 			in := echosvc.Fill(tt.size, tt.size)
@@ -56,8 +56,8 @@ func TestGRPCServerStreaming(t *testing.T) {
 		{64, 256 << 10},
 		{2, maxMsg},
 	}
-	forEachTransport(t, func(t *testing.T, env *harness.Env) {
-		ctx := testContext(t)
+	harness.ForEachTransport(t, func(t *testing.T, env *harness.Env) {
+		ctx := harness.Context(t)
 		s, c, d := grpcPair(t, env, echosvc.Service{})
 		for _, tt := range tests {
 			stream, err := c.Generate(ctx, tt.count, tt.size)
@@ -76,8 +76,8 @@ func TestGRPCServerStreaming(t *testing.T) {
 
 func TestGRPCClientStreaming(t *testing.T) {
 	sizes := []int{0, 1, 100, 64 << 10, 1 << 20, maxMsg, 3}
-	forEachTransport(t, func(t *testing.T, env *harness.Env) {
-		ctx := testContext(t)
+	harness.ForEachTransport(t, func(t *testing.T, env *harness.Env) {
+		ctx := harness.Context(t)
 		s, c, d := grpcPair(t, env, echosvc.Service{})
 		stream, err := c.Digest(ctx)
 		require.NoError(t, err)
@@ -97,8 +97,8 @@ func TestGRPCClientStreaming(t *testing.T) {
 }
 
 func TestGRPCBidi(t *testing.T) {
-	forEachTransport(t, func(t *testing.T, env *harness.Env) {
-		ctx := testContext(t)
+	harness.ForEachTransport(t, func(t *testing.T, env *harness.Env) {
+		ctx := harness.Context(t)
 		s, c, d := grpcPair(t, env, echosvc.Service{})
 
 		t.Run("ping-pong", func(t *testing.T) {
@@ -185,8 +185,8 @@ func (o *observer) Chat(stream grpc.BidiStreamingServer[echosvc.Message, echosvc
 // DeadlineExceeded if the server's own timer fires first, or Canceled if the client's
 // cancellation arrives first; grpc-go does both.)
 func TestGRPCDeadline(t *testing.T) {
-	forEachTransport(t, func(t *testing.T, env *harness.Env) {
-		ctx := testContext(t)
+	harness.ForEachTransport(t, func(t *testing.T, env *harness.Env) {
+		ctx := harness.Context(t)
 		o := newObserver()
 		s, c, d := grpcPair(t, env, o)
 
@@ -233,8 +233,8 @@ func requireEnded(t *testing.T, err error) {
 // TestGRPCCancel cancels a server stream that would run for a long time: the client's
 // Recv returns Canceled, and the server's handler sees the cancellation and stops.
 func TestGRPCCancel(t *testing.T) {
-	forEachTransport(t, func(t *testing.T, env *harness.Env) {
-		ctx := testContext(t)
+	harness.ForEachTransport(t, func(t *testing.T, env *harness.Env) {
+		ctx := harness.Context(t)
 		o := newObserver()
 		s, c, d := grpcPair(t, env, o)
 		cctx, cancel := context.WithCancel(ctx)
@@ -285,8 +285,8 @@ func TestGRPCConcurrentStreams(t *testing.T) {
 		streams = 100
 		rounds  = 10
 	)
-	forEachTransport(t, func(t *testing.T, env *harness.Env) {
-		ctx := testContext(t)
+	harness.ForEachTransport(t, func(t *testing.T, env *harness.Env) {
+		ctx := harness.Context(t)
 		sc := new(streamCounter)
 		s, c, d := grpcPair(t, env, sc)
 
@@ -349,8 +349,8 @@ func chat(ctx context.Context, c *echosvc.Client, id, rounds int, replied, wait 
 // listening at once, the stream goes on until the client ends it, and only then does
 // GracefulStop return.
 func TestGRPCGracefulStop(t *testing.T) {
-	forEachTransport(t, func(t *testing.T, env *harness.Env) {
-		ctx := testContext(t)
+	harness.ForEachTransport(t, func(t *testing.T, env *harness.Env) {
+		ctx := harness.Context(t)
 		s, c, d := grpcPair(t, env, echosvc.Service{})
 		stream, err := c.Chat(ctx)
 		require.NoError(t, err)

@@ -1,9 +1,7 @@
 package e2e
 
 import (
-	"context"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -16,24 +14,6 @@ import (
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
-}
-
-// hangGuard bounds every wait of a test. It never decides a result: a test that needs
-// it has hung, and fails.
-const hangGuard = 2 * time.Minute
-
-// testContext returns a context that ends at the test's end or after hangGuard.
-func testContext(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(t.Context(), hangGuard)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-// forEachTransport runs f as a subtest on every transport.
-func forEachTransport(t *testing.T, f func(t *testing.T, env *harness.Env)) {
-	for _, tr := range harness.Transports {
-		t.Run(tr.Name, func(t *testing.T) { f(t, tr.Env(t)) })
-	}
 }
 
 // maxMsg is the largest message the tests send: grpc-go's limits (4 MiB to receive by

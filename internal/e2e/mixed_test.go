@@ -128,7 +128,7 @@ func TestMixedClientsGRPC(t *testing.T) {
 			local[k.name] = addrs
 			t.Run(k.name, func(t *testing.T) {
 				t.Parallel()
-				ctx := testContext(t)
+				ctx := harness.Context(t)
 				cc, err := grpc.NewClient("passthrough:///"+s.ln.Addr().String(),
 					grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
 						return dial(ctx, "tcp", addr)
@@ -180,7 +180,7 @@ func TestMixedClientsHTTP(t *testing.T) {
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	defer func() {
-		require.NoError(t, srv.Shutdown(testContext(t)))
+		require.NoError(t, srv.Shutdown(harness.Context(t)))
 		require.ErrorIs(t, <-served, http.ErrServerClosed)
 	}()
 
@@ -191,7 +191,7 @@ func TestMixedClientsHTTP(t *testing.T) {
 			local[k.name] = addrs
 			t.Run(k.name, func(t *testing.T) {
 				t.Parallel()
-				ctx := testContext(t)
+				ctx := harness.Context(t)
 				tr := rsockhttp.NewTransport(nil)
 				tr.DialContext = dial
 				defer tr.CloseIdleConnections()

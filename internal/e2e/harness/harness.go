@@ -49,6 +49,25 @@ var Transports = []Transport{
 	{Name: "quic", Want: rsock.TransportQUIC, Fallback: rsock.FallbackQUIC},
 }
 
+// ForEachTransport runs f as a subtest on every transport of [Transports], with an Env
+// of that transport.
+func ForEachTransport(t *testing.T, f func(t *testing.T, env *Env)) {
+	for _, tr := range Transports {
+		t.Run(tr.Name, func(t *testing.T) { f(t, tr.Env(t)) })
+	}
+}
+
+// HangGuard bounds every wait of a test. It never decides a result: a test that needs
+// it has hung, and fails.
+const HangGuard = 2 * time.Minute
+
+// Context returns a context that ends at the test's end or after [HangGuard].
+func Context(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), HangGuard)
+	t.Cleanup(cancel)
+	return ctx
+}
+
 // Env is one test's configuration of a [Transport].
 type Env struct {
 	Transport
