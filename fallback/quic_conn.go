@@ -179,33 +179,24 @@ func (c *QUICConn) LocalAddr() net.Addr { return c.qc.LocalAddr() }
 func (c *QUICConn) RemoteAddr() net.Addr { return c.qc.RemoteAddr() }
 
 // SetDeadline sets the read and write deadlines, as [net.Conn] describes.
-func (c *QUICConn) SetDeadline(t time.Time) error {
-	c.dmu.Lock()
-	defer c.dmu.Unlock()
-	if c.closed.Load() {
-		return c.opError("set deadline", net.ErrClosed)
-	}
-	return c.str.SetDeadline(t)
-}
+func (c *QUICConn) SetDeadline(t time.Time) error { return c.setDeadline(c.str.SetDeadline, t) }
 
 // SetReadDeadline sets the read deadline, as [net.Conn] describes.
-func (c *QUICConn) SetReadDeadline(t time.Time) error {
-	c.dmu.Lock()
-	defer c.dmu.Unlock()
-	if c.closed.Load() {
-		return c.opError("set deadline", net.ErrClosed)
-	}
-	return c.str.SetReadDeadline(t)
-}
+func (c *QUICConn) SetReadDeadline(t time.Time) error { return c.setDeadline(c.str.SetReadDeadline, t) }
 
 // SetWriteDeadline sets the write deadline, as [net.Conn] describes.
 func (c *QUICConn) SetWriteDeadline(t time.Time) error {
+	return c.setDeadline(c.str.SetWriteDeadline, t)
+}
+
+// setDeadline calls set, one of the stream's deadline setters, unless c is closed.
+func (c *QUICConn) setDeadline(set func(time.Time) error, t time.Time) error {
 	c.dmu.Lock()
 	defer c.dmu.Unlock()
 	if c.closed.Load() {
 		return c.opError("set deadline", net.ErrClosed)
 	}
-	return c.str.SetWriteDeadline(t)
+	return set(t)
 }
 
 // ConnectionState returns the QUIC connection's state, including its TLS state.
