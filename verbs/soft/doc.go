@@ -18,8 +18,9 @@
 //
 // # Rules enforced
 //
-//   - The QP state machine: RESET → INIT → RTR → RTS, ERROR from any state, RESET from any
-//     state. Other transitions fail with [verbs.ErrInvalidState] and change nothing.
+//   - The QP state machine: RESET → INIT → RTR → RTS, ERROR from any state but RESET,
+//     RESET from any state. Other transitions (RESET → ERROR among them, which the kernel
+//     refuses too) fail with [verbs.ErrInvalidState] and change nothing.
 //     PostSend needs RTS; PostRecv needs INIT or later. In ERROR both accept work requests
 //     and flush them at once.
 //   - Posting past MaxSendWR or MaxRecvWR outstanding WRs fails at once with a

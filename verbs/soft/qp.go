@@ -267,13 +267,18 @@ func (q *QP) ToRTS(attr verbs.RTSAttr) error {
 	return nil
 }
 
-// ToError moves the QP to ERROR from any state. Every outstanding send and receive WR
-// completes with WR_FLUSH_ERR, in order, before ToError returns.
+// ToError moves the QP to ERROR from any state but RESET. Every outstanding send and
+// receive WR completes with WR_FLUSH_ERR, in order, before ToError returns. RESET → ERROR
+// fails with ErrInvalidState and changes nothing: the InfiniBand specification has no such
+// transition, and the kernel (ib_modify_qp_is_ok) refuses it with EINVAL.
 func (q *QP) ToError() error {
 	q.lock()
 	defer q.unlock()
 	if q.closed.Load() {
 		return fmt.Errorf("soft: QP %#x: to ERROR: %w", q.qpn, verbs.ErrClosed)
+	}
+	if st := q.State(); st == verbs.QPStateReset {
+		return fmt.Errorf("soft: QP %#x: to ERROR from %v: %w", q.qpn, st, verbs.ErrInvalidState)
 	}
 	q.state.Store(int32(verbs.QPStateError))
 	q.flushSendLocked()

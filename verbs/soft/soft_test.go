@@ -1,6 +1,9 @@
 package soft_test
 
 import (
+	"context"
+	"net"
+	"net/netip"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -47,4 +50,41 @@ func TestConformance(t *testing.T) {
 // TestConformanceOneDevice runs it with both QPs of each pair on one device.
 func TestConformanceOneDevice(t *testing.T) {
 	verbstest.Run(t, func(t *testing.T) verbs.Provider { return newFabric(t, soft.Options{Devices: 1}) })
+}
+
+// TestConformanceAgent runs the suite in two-host mode: each pair's side b lives behind the
+// verbstest agent protocol, over a loopback TCP connection to an agent in this process. Both
+// sides use one fabric (the wire between the hosts): side a its device soft0 (127.0.0.1),
+// the agent soft1 (127.0.0.2), each chosen by address as hosts of the CI VM choose theirs.
+func TestConformanceAgent(t *testing.T) {
+	verbstest.Suite{Providers: func(t *testing.T) (a, b verbs.Provider) {
+		f := newFabric(t, soft.Options{Devices: 2})
+		local, err := verbstest.OnAddr(f, netip.MustParseAddr("127.0.0.1"))
+		require.NoError(t, err)
+		return local, startAgent(t, f, netip.MustParseAddr("127.0.0.2"))
+	}}.Run(t)
+}
+
+// startAgent serves f's device holding ip through an agent on a loopback port and returns
+// the client's provider. The session ends, and the agent must return nil, when the test
+// ends.
+func startAgent(t *testing.T, f *soft.Fabric, ip netip.Addr) *verbstest.RemoteProvider {
+	t.Helper()
+	peer, err := verbstest.OnAddr(f, ip)
+	require.NoError(t, err)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- verbstest.ServeAgent(ln, peer) }()
+	r, err := verbstest.DialAgent(context.Background(), ln.Addr().String())
+	if err != nil {
+		ln.Close()
+		<-done
+		require.NoError(t, err)
+	}
+	t.Cleanup(func() {
+		require.NoError(t, r.Close(), "end the agent session")
+		require.NoError(t, <-done, "agent")
+	})
+	return r
 }

@@ -12,7 +12,7 @@ import (
 // testFaultBreakLink: requests over a broken link are lost; once the retry budget is spent
 // the requester completes with RETRY_EXC_ERR, moves to ERROR and flushes the WRs behind.
 // Nothing reaches the responder, which stays as it was.
-func testFaultBreakLink(t *testing.T, p verbs.Provider) {
+func testFaultBreakLink(t *testing.T, p providers) {
 	f := faultsOf(t, p)
 	a, b := newPair(t, p, defaults())
 	postRecvs(t, b.qp, 1, 1)
@@ -33,7 +33,7 @@ func testFaultBreakLink(t *testing.T, p verbs.Provider) {
 
 // testFaultRepairLink: a request lost on a broken link is retransmitted after its ACK
 // timeout, and succeeds if the link was repaired within the retry budget.
-func testFaultRepairLink(t *testing.T, p verbs.Provider) {
+func testFaultRepairLink(t *testing.T, p providers) {
 	f := faultsOf(t, p)
 	cfg := defaults()
 	cfg.timeout = 19 // about 2 s per attempt unscaled: ample time to repair
@@ -58,7 +58,7 @@ func testFaultRepairLink(t *testing.T, p verbs.Provider) {
 
 // testFaultDelay: delayed requests complete no earlier than the delay after they were
 // posted, still in order, and requests behind them wait for them.
-func testFaultDelay(t *testing.T, p verbs.Provider) {
+func testFaultDelay(t *testing.T, p providers) {
 	f := faultsOf(t, p)
 	a, b := newPair(t, p, defaults())
 	postRecvs(t, b.qp, 1, 1)
@@ -85,7 +85,7 @@ func testFaultDelay(t *testing.T, p verbs.Provider) {
 
 // testFaultFailQP: a fatal asynchronous error moves the QP to ERROR and flushes every
 // outstanding WR; its peer is unaffected.
-func testFaultFailQP(t *testing.T, p verbs.Provider) {
+func testFaultFailQP(t *testing.T, p providers) {
 	f := faultsOf(t, p)
 	a, b := newPair(t, p, defaults())
 	postRecvs(t, a.qp, 30, 2)
@@ -106,16 +106,16 @@ func testFaultFailQP(t *testing.T, p verbs.Provider) {
 
 // testFaultAllocFailure: an injected allocation failure fails exactly the next allocation
 // of its kind with ErrNoResources.
-func testFaultAllocFailure(t *testing.T, p verbs.Provider) {
+func testFaultAllocFailure(t *testing.T, p providers) {
 	f := faultsOf(t, p)
-	devs, err := p.Devices()
+	devs, err := p.a.Devices()
 	require.NoError(t, err)
 	e := newEndpoint(t, p, 0, "a", defaults())
 	cases := []struct {
 		kind  string
 		alloc func() (interface{ Close() error }, error)
 	}{
-		{"context", func() (interface{ Close() error }, error) { return p.Open(devs[0].Name) }},
+		{"context", func() (interface{ Close() error }, error) { return p.a.Open(devs[0].Name) }},
 		{"pd", func() (interface{ Close() error }, error) { return e.ctx.AllocPD() }},
 		{"mr", func() (interface{ Close() error }, error) { return e.pd.RegMR(4096, allAccess) }},
 		{"cq", func() (interface{ Close() error }, error) { return e.ctx.CreateCQ(16, nil) }},

@@ -10,7 +10,7 @@ import (
 
 // testErrorFlush: moving a QP to ERROR completes every outstanding WR with WR_FLUSH_ERR,
 // in order, on both queues, unsignaled WRs included.
-func testErrorFlush(t *testing.T, p verbs.Provider) {
+func testErrorFlush(t *testing.T, p providers) {
 	a, b := newPair(t, p, defaults())
 	postRecvs(t, a.qp, 20, 3)
 	post(t, a.qp,
@@ -36,7 +36,7 @@ func testErrorFlush(t *testing.T, p verbs.Provider) {
 
 // testPostInErrorFlushes: work requests posted to a QP in ERROR are accepted and complete
 // with WR_FLUSH_ERR, signaled or not.
-func testPostInErrorFlushes(t *testing.T, p verbs.Provider) {
+func testPostInErrorFlushes(t *testing.T, p providers) {
 	a, b := newPair(t, p, defaults())
 	require.NoError(t, a.qp.ToError())
 	post(t, a.qp,
@@ -55,7 +55,7 @@ func testPostInErrorFlushes(t *testing.T, p verbs.Provider) {
 
 // testDeadPeer: requests to a peer that is gone or not ready are lost; the requester
 // retransmits, then completes with RETRY_EXC_ERR and moves to ERROR.
-func testDeadPeer(t *testing.T, p verbs.Provider) {
+func testDeadPeer(t *testing.T, p providers) {
 	cases := []struct {
 		name string
 		kill func(t *testing.T, b *endpoint)

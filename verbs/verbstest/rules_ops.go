@@ -13,7 +13,7 @@ import (
 
 // testSendWithImmScatter: a SEND_WITH_IMM is scattered over the receive WQE's buffers in
 // order, and its completion carries the immediate and the length.
-func testSendWithImmScatter(t *testing.T, p verbs.Provider) {
+func testSendWithImmScatter(t *testing.T, p providers) {
 	a, b := newPair(t, p, defaults())
 	postRecv(t, b.qp, verbs.RecvWR{ID: 3, SGL: []verbs.SGE{sge(b.mr, 1000, 60), sge(b.mr, 5000, 60)}})
 	fill(a.mr.Bytes()[:100], 6)
@@ -36,7 +36,7 @@ func testSendWithImmScatter(t *testing.T, p verbs.Provider) {
 
 // testZeroLengthRecv: a receive WQE without buffers takes a zero-length SEND and a
 // zero-length WRITE_WITH_IMM (whose rkey is not checked).
-func testZeroLengthRecv(t *testing.T, p verbs.Provider) {
+func testZeroLengthRecv(t *testing.T, p providers) {
 	a, b := newPair(t, p, defaults())
 	postRecvs(t, b.qp, 1, 2)
 	post(t, a.qp,
@@ -59,7 +59,7 @@ func testZeroLengthRecv(t *testing.T, p verbs.Provider) {
 // testInlineSend: inline data is taken at post time, so the buffer may be reused as soon
 // as PostSend returns even though the WR has not executed; inline data beyond the QP's
 // limit is refused at post time.
-func testInlineSend(t *testing.T, p verbs.Provider) {
+func testInlineSend(t *testing.T, p providers) {
 	a, b := newPair(t, p, defaults())
 	src := a.mr.Bytes()[:48]
 	fill(src, 8)
@@ -92,9 +92,9 @@ func testInlineSend(t *testing.T, p verbs.Provider) {
 }
 
 // testRDMARead: an RDMA READ copies remote memory into the local buffers, in order.
-func testRDMARead(t *testing.T, p verbs.Provider) {
+func testRDMARead(t *testing.T, p providers) {
 	a, b := newPair(t, p, defaults())
-	fill(b.mr.Bytes()[8192:8192+5000], 11)
+	fillMR(t, b.mr, 8192, 5000, 11)
 	wr := verbs.SendWR{
 		ID: 1, Opcode: verbs.OpRDMARead, Flags: verbs.SendSignaled,
 		SGL:        []verbs.SGE{sge(a.mr, 0, 3000), sge(a.mr, 10000, 2000)},
@@ -104,14 +104,15 @@ func testRDMARead(t *testing.T, p verbs.Provider) {
 	wc := pollOne(t, a.scq)
 	requireWC(t, wc, 1, verbs.WCSuccess)
 	require.Equal(t, verbs.WCRDMARead, wc.Opcode)
-	require.Equal(t, b.mr.Bytes()[8192:11192], a.mr.Bytes()[:3000])
-	require.Equal(t, b.mr.Bytes()[11192:13192], a.mr.Bytes()[10000:12000])
+	remote := readBytes(t, b.mr, 8192, 5000)
+	require.Equal(t, remote[:3000], a.mr.Bytes()[:3000])
+	require.Equal(t, remote[3000:], a.mr.Bytes()[10000:12000])
 	requireEmpty(t, b.rcq, "an RDMA READ consumes no receive WQE")
 }
 
 // testCompChannelWait: an armed CQ produces an event on its channel when a completion
 // arrives; Wait returns that CQ, and returns ctx.Err() when its context ends first.
-func testCompChannelWait(t *testing.T, p verbs.Provider) {
+func testCompChannelWait(t *testing.T, p providers) {
 	cfg := defaults()
 	cfg.channel = true
 	a, b := newPair(t, p, cfg)
@@ -154,7 +155,7 @@ func testCompChannelWait(t *testing.T, p verbs.Provider) {
 
 // testCompChannelSolicitedOnly: a CQ armed for solicited completions stays quiet for an
 // unsolicited one and produces an event for a solicited one.
-func testCompChannelSolicitedOnly(t *testing.T, p verbs.Provider) {
+func testCompChannelSolicitedOnly(t *testing.T, p providers) {
 	cfg := defaults()
 	cfg.channel = true
 	a, b := newPair(t, p, cfg)

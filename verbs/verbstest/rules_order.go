@@ -14,7 +14,7 @@ import (
 
 // testOrdering: a QP executes and completes its WRs in order, and a WR that must wait
 // (here for a receive WQE) holds back every WR behind it.
-func testOrdering(t *testing.T, p verbs.Provider) {
+func testOrdering(t *testing.T, p providers) {
 	t.Run("Completions", func(t *testing.T) {
 		a, b := newPair(t, p, defaults())
 		const n = 48
@@ -72,12 +72,13 @@ func testOrdering(t *testing.T, p verbs.Provider) {
 }
 
 // testWriteWithImmVisible: the payload of an RDMA WRITE_WITH_IMM is in the target region
-// when its receive completion is polled. A receiver on another goroutine busy-polls and
-// checks each message the moment it sees its completion; the sender posts the next message
-// only once the receiver has checked the last, so the receiver is always polling while a
-// message is being placed. Under the race detector, a provider that added the completion
-// before the data would also be reported as a data race.
-func testWriteWithImmVisible(t *testing.T, p verbs.Provider) {
+// when its receive completion is polled. The receiver is side a, in this process (the
+// sender, side b, may be a remote peer): a goroutine busy-polls and checks each message the
+// moment it sees its completion; the sender posts the next message only once the receiver
+// has checked the last, so the receiver is always polling while a message is being placed.
+// Under the race detector, a provider that added the completion before the data would also
+// be reported as a data race.
+func testWriteWithImmVisible(t *testing.T, p providers) {
 	sizes := []int{1, 64, 4096, 65536, 1 << 20}
 	const msgs = 30
 	offsets := make([]int, msgs+1)
@@ -86,18 +87,20 @@ func testWriteWithImmVisible(t *testing.T, p verbs.Provider) {
 	}
 	cfg := defaults()
 	cfg.mrSize = offsets[msgs]
-	a, b := newPair(t, p, cfg)
+	recv, send := newPair(t, p, cfg)
+	want := make([]byte, offsets[msgs])
 	for i := range msgs {
-		fill(a.mr.Bytes()[offsets[i]:offsets[i+1]], i+1)
+		fill(want[offsets[i]:offsets[i+1]], i+1)
 	}
-	postRecvs(t, b.qp, 0, msgs)
+	writeBytes(t, send.mr, 0, want)
+	postRecvs(t, recv.qp, 0, msgs)
 
 	checked := make(chan error)
 	go func() {
 		var wc [1]verbs.WorkCompletion
 		deadline := time.Now().Add(waitLimit)
 		for i, spins := 0, 0; i < msgs; spins++ {
-			n, err := b.rcq.Poll(wc[:])
+			n, err := recv.rcq.Poll(wc[:])
 			if err != nil {
 				checked <- err
 				return
@@ -118,7 +121,7 @@ func testWriteWithImmVisible(t *testing.T, p verbs.Provider) {
 				return
 			}
 			var err2 error
-			if !bytes.Equal(a.mr.Bytes()[offsets[i]:offsets[i+1]], b.mr.Bytes()[offsets[i]:offsets[i+1]]) {
+			if !bytes.Equal(want[offsets[i]:offsets[i+1]], recv.mr.Bytes()[offsets[i]:offsets[i+1]]) {
 				err2 = fmt.Errorf("message %d (%d bytes) not in place when its completion was polled", i, c.ByteLen)
 			}
 			checked <- err2
@@ -129,10 +132,10 @@ func testWriteWithImmVisible(t *testing.T, p verbs.Provider) {
 		}
 	}()
 	for i := range msgs {
-		wr := writeWR(uint64(i), a.mr, offsets[i], offsets[i+1]-offsets[i], b.mr, offsets[i], verbs.OpRDMAWriteWithImm, verbs.SendSignaled)
+		wr := writeWR(uint64(i), send.mr, offsets[i], offsets[i+1]-offsets[i], recv.mr, offsets[i], verbs.OpRDMAWriteWithImm, verbs.SendSignaled)
 		wr.Imm = uint32(i)
-		post(t, a.qp, wr)
+		post(t, send.qp, wr)
 		require.NoError(t, <-checked)
-		requireWC(t, pollOne(t, a.scq), uint64(i), verbs.WCSuccess)
+		requireWC(t, pollOne(t, send.scq), uint64(i), verbs.WCSuccess)
 	}
 }

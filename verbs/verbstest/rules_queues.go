@@ -11,8 +11,8 @@ import (
 
 // testSendQueueOverflow: with max_send_wr WRs outstanding, the next post fails at once
 // with ErrQueueFull, naming the first rejected request of the batch; slots come back when
-// completions are polled.
-func testSendQueueOverflow(t *testing.T, p verbs.Provider) {
+// completions are polled. A queue may hold more than it reports (see requireCapacity).
+func testSendQueueOverflow(t *testing.T, p providers) {
 	cfg := defaults()
 	cfg.caps.MaxSendWR = 16
 	bcfg := cfg
@@ -31,9 +31,7 @@ func testSendQueueOverflow(t *testing.T, p verbs.Provider) {
 	}
 	require.GreaterOrEqual(t, capacity, 16, "send queue refused WRs below max_send_wr")
 	require.Less(t, capacity, fillLimit(16), "send queue never filled")
-	if c := sendCapacity(a.qp); c > 0 {
-		require.Equal(t, c, capacity, "send queue capacity")
-	}
+	requireCapacity(t, "send", sendCapacity(a.qp), capacity)
 	err := a.qp.PostSend([]verbs.SendWR{sendWR(999, a.mr, 0, 0, verbs.SendSignaled)})
 	requirePostError(t, err, 0, verbs.ErrQueueFull)
 
@@ -60,7 +58,7 @@ func testSendQueueOverflow(t *testing.T, p verbs.Provider) {
 
 // testRecvQueueOverflow: with max_recv_wr receive WRs outstanding, the next post fails at
 // once with ErrQueueFull; a slot comes back when its completion is polled.
-func testRecvQueueOverflow(t *testing.T, p verbs.Provider) {
+func testRecvQueueOverflow(t *testing.T, p providers) {
 	cfg := defaults()
 	bcfg := cfg
 	bcfg.caps.MaxRecvWR = 16
@@ -76,9 +74,7 @@ func testRecvQueueOverflow(t *testing.T, p verbs.Provider) {
 	}
 	require.GreaterOrEqual(t, capacity, 16, "receive queue refused WRs below max_recv_wr")
 	require.Less(t, capacity, fillLimit(16), "receive queue never filled")
-	if c := recvCapacity(b.qp); c > 0 {
-		require.Equal(t, c, capacity, "receive queue capacity")
-	}
+	requireCapacity(t, "receive", recvCapacity(b.qp), capacity)
 
 	// Consume one; its slot is free once its completion is polled.
 	post(t, a.qp, writeWR(1, a.mr, 0, 0, b.mr, 0, verbs.OpRDMAWriteWithImm, verbs.SendSignaled))
@@ -97,16 +93,28 @@ func testRecvQueueOverflow(t *testing.T, p verbs.Provider) {
 	requireWC(t, pollOne(t, b.rcq), 100, verbs.WCSuccess)
 }
 
+// requireCapacity checks the number of WRs a queue took before refusing one (found)
+// against the capacity the QP reports (0: none). ibv_create_qp(3) promises at least the
+// reported capacity; posting beyond it is outside the contract, and devices differ: soft
+// refuses exactly there, while rxe on kernel 6.1 reports 16 for a queue whose ring holds
+// 31. So the rule requires found ≥ reported and not found == reported.
+func requireCapacity(t *testing.T, queue string, reported, found int) {
+	t.Helper()
+	if reported > 0 {
+		require.GreaterOrEqual(t, found, reported, "%s queue refused a WR below the capacity it reports", queue)
+	}
+}
+
 // testUnsignaledNoCompletion: unsignaled WRs execute but produce no completion; the next
 // signaled WR produces exactly one.
-func testUnsignaledNoCompletion(t *testing.T, p verbs.Provider) {
+func testUnsignaledNoCompletion(t *testing.T, p providers) {
 	a, b := newPair(t, p, defaults())
 	const n = 8
 	for i := range n {
 		a.mr.Bytes()[i] = byte(0x80 + i)
 		post(t, a.qp, writeWR(uint64(i), a.mr, i, 1, b.mr, i, verbs.OpRDMAWrite, 0))
 	}
-	waitFor(t, "unsignaled writes to land", func() bool { return b.mr.Bytes()[n-1] == byte(0x80+n-1) })
+	waitFor(t, "unsignaled writes to land", func() bool { return readByte(t, b.mr, n-1) == byte(0x80+n-1) })
 	require.Equal(t, a.mr.Bytes()[:n], b.mr.Bytes()[:n])
 	requireEmpty(t, a.scq, "unsignaled writes")
 
@@ -124,34 +132,40 @@ func testUnsignaledNoCompletion(t *testing.T, p verbs.Provider) {
 	requireWC(t, wcs[1], 2, verbs.WCSuccess)
 }
 
-// testUnsignaledSlotsFreedBySignaled: unsignaled WRs keep their send-queue slots after
-// they executed, until a later signaled WR completes and its completion is polled.
-func testUnsignaledSlotsFreedBySignaled(t *testing.T, p verbs.Provider) {
+// testUnsignaledSlotsFreedBySignaled: unsignaled WRs produce no completion, and their
+// send-queue slots are free at the latest once a later signaled WR's completion is polled.
+//
+// When exactly a slot is freed differs between devices, and the verbs contract allows
+// both: ibv_post_send(3) makes the application post a signaled WR at least once per
+// send-queue depth, because a provider may keep the slots of unsignaled WRs until it
+// retires a signaled one, and release them when that completion is polled (soft does, as
+// do drivers that advance the queue tail while polling), while another provider may free a
+// slot as soon as its WQE retires (rxe). The rule therefore accepts either answer where
+// they differ (a post while only unsignaled or unpolled WRs hold the queue), and fails a
+// provider that refuses WRs below the queue's capacity, that reports a completion for an
+// unsignaled WR, or that has not freed the queue once the signaled completion is polled.
+func testUnsignaledSlotsFreedBySignaled(t *testing.T, p providers) {
 	cfg := defaults()
 	cfg.caps.MaxSendWR = 8
 
-	// Fill a send queue with unsignaled writes: they all execute, and the queue stays full.
+	// A send queue's worth of unsignaled writes: all accepted, all executed, no completion.
 	a, b := newPair(t, p, cfg)
-	capacity := 0
-	for ; capacity < fillLimit(8); capacity++ {
-		b.mr.Bytes()[capacity] = 0
-		a.mr.Bytes()[capacity] = byte(capacity + 1)
-		err := a.qp.PostSend([]verbs.SendWR{writeWR(uint64(capacity), a.mr, capacity, 1, b.mr, capacity, verbs.OpRDMAWrite, 0)})
-		if err != nil {
-			requirePostError(t, err, 0, verbs.ErrQueueFull)
-			break
-		}
-	}
-	require.GreaterOrEqual(t, capacity, 8)
-	require.Less(t, capacity, fillLimit(8), "send queue of unsignaled WRs never filled")
-	if c := sendCapacity(a.qp); c > 0 {
-		require.Equal(t, c, capacity, "send queue capacity")
+	capacity := max(sendCapacity(a.qp), cfg.caps.MaxSendWR)
+	for i := range capacity {
+		a.mr.Bytes()[i] = byte(i + 1)
+		post(t, a.qp, writeWR(uint64(i), a.mr, i, 1, b.mr, i, verbs.OpRDMAWrite, 0))
 	}
 	last := capacity - 1
-	waitFor(t, "unsignaled writes to execute", func() bool { return b.mr.Bytes()[last] == byte(last+1) })
+	waitFor(t, "unsignaled writes to execute", func() bool { return readByte(t, b.mr, last) == byte(last+1) })
 	requireEmpty(t, a.scq, "unsignaled writes")
+	// Either refused (slots held until a signaled completion is polled) or accepted (slots
+	// freed when the WQEs retired).
 	err := a.qp.PostSend([]verbs.SendWR{writeWR(99, a.mr, 0, 1, b.mr, 0, verbs.OpRDMAWrite, verbs.SendSignaled)})
-	requirePostError(t, err, 0, verbs.ErrQueueFull)
+	if err != nil {
+		requirePostError(t, err, 0, verbs.ErrQueueFull)
+	} else {
+		requireWC(t, pollOne(t, a.scq), 99, verbs.WCSuccess)
+	}
 
 	// capacity-1 unsignaled and one signaled: polling the one completion frees them all.
 	c, d := newPair(t, p, cfg)
@@ -159,11 +173,20 @@ func testUnsignaledSlotsFreedBySignaled(t *testing.T, p verbs.Provider) {
 		post(t, c.qp, writeWR(uint64(i), c.mr, 0, 1, d.mr, 0, verbs.OpRDMAWrite, 0))
 	}
 	post(t, c.qp, writeWR(50, c.mr, 0, 1, d.mr, 0, verbs.OpRDMAWrite, verbs.SendSignaled))
-	// Whether or not it has completed, its completion is not polled: the queue is full.
+	// Its completion is not polled yet: refused or accepted, as above.
 	err = c.qp.PostSend([]verbs.SendWR{writeWR(98, c.mr, 0, 1, d.mr, 0, verbs.OpRDMAWrite, verbs.SendSignaled)})
-	requirePostError(t, err, 0, verbs.ErrQueueFull)
-	requireWC(t, pollOne(t, c.scq), 50, verbs.WCSuccess)
-	requireEmpty(t, c.scq, "one signaled WR behind unsignaled ones")
+	extra := 0
+	if err != nil {
+		requirePostError(t, err, 0, verbs.ErrQueueFull)
+	} else {
+		extra = 1
+	}
+	wcs := pollN(t, c.scq, 1+extra)
+	requireWC(t, wcs[0], 50, verbs.WCSuccess)
+	if extra > 0 {
+		requireWC(t, wcs[1], 98, verbs.WCSuccess)
+	}
+	requireEmpty(t, c.scq, "signaled WRs behind unsignaled ones")
 	batch := make([]verbs.SendWR, capacity)
 	for i := range batch {
 		batch[i] = writeWR(uint64(100+i), c.mr, 0, 1, d.mr, 0, verbs.OpRDMAWrite, 0)
@@ -171,11 +194,12 @@ func testUnsignaledSlotsFreedBySignaled(t *testing.T, p verbs.Provider) {
 	batch[capacity-1].Flags = verbs.SendSignaled
 	require.NoError(t, c.qp.PostSend(batch), "a full queue's worth after polling the signaled completion")
 	requireWC(t, pollOne(t, c.scq), uint64(100+capacity-1), verbs.WCSuccess)
+	requireEmpty(t, c.scq, "a batch with one signaled WR")
 }
 
 // testCQOverflow: a CQ holds as many completions as it reports; one more overflows it,
 // and Poll then fails with ErrCQOverflow.
-func testCQOverflow(t *testing.T, p verbs.Provider) {
+func testCQOverflow(t *testing.T, p providers) {
 	cfg := defaults()
 	cfg.sendCQE = 4
 	cfg.caps.MaxSendWR = 128
@@ -201,7 +225,7 @@ func testCQOverflow(t *testing.T, p verbs.Provider) {
 		a.mr.Bytes()[i] = byte(i + 1)
 		post(t, a.qp, writeWR(uint64(100+i), a.mr, i, 1, b.mr, i, verbs.OpRDMAWrite, verbs.SendSignaled))
 	}
-	waitFor(t, "writes to land", func() bool { return b.mr.Bytes()[landed-1] == byte(landed) })
+	waitFor(t, "writes to land", func() bool { return readByte(t, b.mr, landed-1) == byte(landed) })
 	// Give completions that follow the data a moment on hardware.
 	time.Sleep(20 * time.Millisecond)
 	var wc [64]verbs.WorkCompletion

@@ -2,7 +2,6 @@ package verbstest
 
 import (
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -12,7 +11,7 @@ import (
 // testRNRRetryExceeded: a SEND or WRITE_WITH_IMM that finds no receive WQE is retried
 // rnr_retry times; then it completes with RNR_RETRY_EXC_ERR, the requester moves to ERROR
 // and the WRs behind it are flushed. The responder is unharmed.
-func testRNRRetryExceeded(t *testing.T, p verbs.Provider) {
+func testRNRRetryExceeded(t *testing.T, p providers) {
 	cases := []struct {
 		name     string
 		op       verbs.Opcode
@@ -41,9 +40,21 @@ func testRNRRetryExceeded(t *testing.T, p verbs.Provider) {
 	}
 }
 
+// witnessRNRTimer is the RNR timer (10.24 ms) of testRNRRetryForever's witness: 16 times
+// rnrTimer (0.64 ms).
+const witnessRNRTimer = 20
+
 // testRNRRetryForever: with rnr_retry 7 the requester retries for as long as it takes, and
 // the request completes once a receive WQE is posted.
-func testRNRRetryForever(t *testing.T, p verbs.Provider) {
+//
+// That the request is still waiting after more than seven RNR retries is checked once a
+// witness has decided it, not after a sleep: a second pair, whose requester has rnr_retry
+// 6 and whose responder asks for an RNR timer 16 times as long (10.24 ms against 0.64 ms),
+// is stalled the same way; when the witness fails with RNR_RETRY_EXC_ERR, at least six of
+// its long timers have passed, time for some 96 of the first pair's (and still 18 at a
+// 4 ms timer tick, as rxe's): a provider that stopped after seven retries has failed the
+// request by then.
+func testRNRRetryForever(t *testing.T, p providers) {
 	cases := []struct {
 		name string
 		op   verbs.Opcode
@@ -56,11 +67,15 @@ func testRNRRetryForever(t *testing.T, p verbs.Provider) {
 			cfg := defaults()
 			cfg.rnrRetry = 7
 			a, b := newPair(t, p, cfg)
+			wcfg := defaults()
+			wcfg.rnrRetry = 6
+			wrcfg := wcfg
+			wrcfg.rnrTimer = witnessRNRTimer
+			wa, wb := newPair(t, p, wcfg, wrcfg)
 			fill(a.mr.Bytes()[:16], 9)
 			post(t, a.qp, writeWR(1, a.mr, 0, 16, b.mr, 0, tc.op, verbs.SendSignaled))
-			// Far longer than seven RNR timers (7 × 0.64 ms): a provider that stopped
-			// after seven retries would have failed the request by now.
-			time.Sleep(60 * time.Millisecond)
+			post(t, wa.qp, writeWR(1, wa.mr, 0, 16, wb.mr, 0, tc.op, verbs.SendSignaled))
+			requireWC(t, pollOne(t, wa.scq), 1, verbs.WCRNRRetryExcErr)
 			requireEmpty(t, a.scq, "request waiting for a receive WQE")
 			require.Equal(t, verbs.QPStateRTS, a.qp.State())
 

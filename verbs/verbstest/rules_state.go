@@ -8,10 +8,12 @@ import (
 	"github.com/rsockio/rsock/verbs"
 )
 
-// testStateMachine: QPs move RESET → INIT → RTR → RTS, any state → ERROR and any state →
-// RESET; other transitions fail with ErrInvalidState and leave the state unchanged, and
-// transitions with invalid attributes fail and leave it unchanged too.
-func testStateMachine(t *testing.T, p verbs.Provider) {
+// testStateMachine: QPs move RESET → INIT → RTR → RTS, any state but RESET → ERROR and any
+// state → RESET; other transitions fail with ErrInvalidState and leave the state unchanged,
+// and transitions with invalid attributes fail and leave it unchanged too. RESET → ERROR is
+// not a transition of the InfiniBand QP state diagram (IBA 10.3.1): the kernel refuses it
+// with EINVAL (ib_modify_qp_is_ok), so the rule requires providers to refuse it.
+func testStateMachine(t *testing.T, p providers) {
 	cfg := defaults()
 	a := newEndpoint(t, p, 0, "a", cfg)
 	b := newEndpoint(t, p, 1, "b", cfg)
@@ -19,6 +21,7 @@ func testStateMachine(t *testing.T, p verbs.Provider) {
 	toInit := func() error { return a.qp.ToInit(verbs.InitAttr{Port: a.port.Num, Access: cfg.qpAccess}) }
 	toRTR := func() error { return a.qp.ToRTR(a.rtrAttr(b)) }
 	toRTS := func() error { return a.qp.ToRTS(a.rtsAttr()) }
+	toError := func() error { return a.qp.ToError() }
 	illegal := []struct {
 		from verbs.QPState
 		name string
@@ -26,6 +29,7 @@ func testStateMachine(t *testing.T, p verbs.Provider) {
 	}{
 		{verbs.QPStateReset, "RTR", toRTR},
 		{verbs.QPStateReset, "RTS", toRTS},
+		{verbs.QPStateReset, "ERROR", toError},
 		{verbs.QPStateInit, "RTS", toRTS},
 		{verbs.QPStateRTR, "INIT", toInit},
 		{verbs.QPStateRTS, "INIT", toInit},
@@ -34,12 +38,13 @@ func testStateMachine(t *testing.T, p verbs.Provider) {
 		{verbs.QPStateError, "RTR", toRTR},
 		{verbs.QPStateError, "RTS", toRTS},
 	}
-	// reach brings a (through RESET) to state st.
+	// reach brings a (through RESET) to state st; ERROR through INIT.
 	reach := func(st verbs.QPState) {
 		t.Helper()
 		require.NoError(t, a.qp.ToReset())
 		steps := []func() error{toInit, toRTR, toRTS}
 		if st == verbs.QPStateError {
+			require.NoError(t, toInit())
 			require.NoError(t, a.qp.ToError())
 		} else {
 			for i := 0; i < int(st); i++ {
@@ -55,11 +60,13 @@ func testStateMachine(t *testing.T, p verbs.Provider) {
 		require.Equal(t, tc.from, a.qp.State(), "state after refused %v → %s", tc.from, tc.name)
 	}
 
-	// Every state can move to ERROR and to RESET.
+	// Every state can move to RESET, and every state but RESET to ERROR.
 	for _, st := range []verbs.QPState{verbs.QPStateReset, verbs.QPStateInit, verbs.QPStateRTR, verbs.QPStateRTS, verbs.QPStateError} {
-		reach(st)
-		require.NoError(t, a.qp.ToError(), "%v → ERROR", st)
-		require.Equal(t, verbs.QPStateError, a.qp.State())
+		if st != verbs.QPStateReset {
+			reach(st)
+			require.NoError(t, a.qp.ToError(), "%v → ERROR", st)
+			require.Equal(t, verbs.QPStateError, a.qp.State())
+		}
 		reach(st)
 		require.NoError(t, a.qp.ToReset(), "%v → RESET", st)
 		require.Equal(t, verbs.QPStateReset, a.qp.State())
@@ -96,7 +103,7 @@ func testStateMachine(t *testing.T, p verbs.Provider) {
 
 // testPostSendRequiresRTS: PostSend fails with ErrInvalidState in RESET, INIT and RTR,
 // naming the first request; PostRecv fails in RESET and works from INIT on.
-func testPostSendRequiresRTS(t *testing.T, p verbs.Provider) {
+func testPostSendRequiresRTS(t *testing.T, p providers) {
 	cfg := defaults()
 	a := newEndpoint(t, p, 0, "a", cfg)
 	b := newEndpoint(t, p, 1, "b", cfg)
@@ -126,7 +133,7 @@ func testPostSendRequiresRTS(t *testing.T, p verbs.Provider) {
 }
 
 // testRTRReceives: a QP in RTR cannot send but receives.
-func testRTRReceives(t *testing.T, p verbs.Provider) {
+func testRTRReceives(t *testing.T, p providers) {
 	cfg := defaults()
 	a := newEndpoint(t, p, 0, "a", cfg)
 	b := newEndpoint(t, p, 1, "b", cfg)
@@ -149,7 +156,7 @@ func testRTRReceives(t *testing.T, p verbs.Provider) {
 
 // testCloseInUse: objects in use cannot be destroyed (EBUSY): a PD with a region or a QP,
 // a CQ with a QP, a context with a PD.
-func testCloseInUse(t *testing.T, p verbs.Provider) {
+func testCloseInUse(t *testing.T, p providers) {
 	a := newEndpoint(t, p, 0, "a", defaults())
 	require.ErrorIs(t, a.pd.Close(), verbs.ErrBusy, "close PD with a QP and a region")
 	require.ErrorIs(t, a.scq.Close(), verbs.ErrBusy, "close CQ used by a QP")

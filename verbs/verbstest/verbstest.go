@@ -98,7 +98,7 @@ const (
 
 type rule struct {
 	name string
-	run  func(t *testing.T, p verbs.Provider)
+	run  func(t *testing.T, p providers)
 }
 
 // rules lists the suite. The first group states the rules of RC hardware that every
@@ -142,27 +142,54 @@ var rules = []rule{
 // Run runs every rule of the suite as a subtest of t, each against a fresh provider from
 // newProvider. Providers with two or more devices get QP pairs that span two devices.
 func Run(t *testing.T, newProvider func(t *testing.T) verbs.Provider) {
+	Suite{Providers: func(t *testing.T) (a, b verbs.Provider) {
+		p := newProvider(t)
+		return p, p
+	}}.Run(t)
+}
+
+// Suite is the conformance suite with its options; [Run] is Suite with one provider.
+type Suite struct {
+	// Providers returns, for each rule, the providers of the rule's two sides. Side a is
+	// the one the test process drives; side b is where the peer of each pair lives. They
+	// are the same provider, or b is a peer across a real wire (see [DialAgent]).
+	Providers func(t *testing.T) (a, b verbs.Provider)
+	// Defects lists rules the device under test is known to break, by rule name, with
+	// the defect (which kernel, what it does). Such a rule is not run: its subtest is
+	// skipped with the defect as the reason, so that a run reports it instead of failing
+	// on a known device bug or passing silently.
+	Defects map[string]string
+}
+
+// Run runs every rule of the suite as a subtest of t.
+func (s Suite) Run(t *testing.T) {
 	for _, r := range rules {
 		t.Run(r.name, func(t *testing.T) {
-			p := newProvider(t)
-			devs, err := p.Devices()
-			if errors.Is(err, verbs.ErrNoDevice) || (err == nil && len(devs) == 0) {
-				t.Skipf("provider %s has no device", p.Name())
+			if why, ok := s.Defects[r.name]; ok {
+				t.Skipf("known device defect, rule not run: %s", why)
 			}
-			if err != nil {
-				t.Fatalf("%s: Devices() = %v", p.Name(), err)
+			a, b := s.Providers(t)
+			for _, p := range []verbs.Provider{a, b} {
+				devs, err := p.Devices()
+				if errors.Is(err, verbs.ErrNoDevice) || (err == nil && len(devs) == 0) {
+					t.Skipf("provider %s has no device", p.Name())
+				}
+				if err != nil {
+					t.Fatalf("%s: Devices() = %v", p.Name(), err)
+				}
 			}
-			r.run(t, p)
+			r.run(t, providers{a, b})
 		})
 	}
 }
 
-// faultsOf returns p's fault injection, skipping the test if p has none.
-func faultsOf(t *testing.T, p verbs.Provider) Faults {
+// faultsOf returns the fault injection of side a's provider, skipping the test if it has
+// none.
+func faultsOf(t *testing.T, p providers) Faults {
 	t.Helper()
-	f, ok := p.(Faults)
+	f, ok := p.a.(Faults)
 	if !ok {
-		t.Skipf("provider %s does not implement verbstest.Faults: fault injection not available", p.Name())
+		t.Skipf("provider %s does not implement verbstest.Faults: fault injection not available", p.a.Name())
 	}
 	return f
 }
