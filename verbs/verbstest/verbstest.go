@@ -11,18 +11,23 @@
 // Each rule is a subtest with its own provider, named after the rule, so that
 // `go test -run 'Conformance/Ordering'` runs one:
 //
-//   - StateMachine, PostSendRequiresRTS: the QP state machine; sends only in RTS.
-//   - SendQueueOverflow, RecvQueueOverflow: posting past max_send_wr or max_recv_wr
-//     outstanding fails at once with ErrQueueFull, naming the rejected request.
+//   - StateMachine, PostSendRequiresRTS: the QP state machine (RESET → ERROR refused, as
+//     by the kernel); sends only in RTS.
+//   - SendQueueOverflow, RecvQueueOverflow: posting past the queue's capacity fails at
+//     once with ErrQueueFull, naming the rejected request; never below the capacity the
+//     QP reports, which a device may exceed.
 //   - RNRRetryExceeded, RNRRetryForever: a SEND or WRITE_WITH_IMM without a receive WQE
 //     is retried rnr_retry times (7: forever), then fails with RNR_RETRY_EXC_ERR.
 //   - RemoteAccessBadRKey, RemoteAccessBounds, RemoteAccessFlags: rkey, bounds and access
-//     rights are checked; a violation is REM_ACCESS_ERR and both QPs go to ERROR.
-//   - SendLongerThanRecvBuffer: REM_INV_REQ_ERR and LOC_LEN_ERR, both QPs in ERROR.
+//     rights are checked; a violation is REM_ACCESS_ERR (REM_INV_REQ_ERR allowed for the
+//     QP's access flags) and both QPs go to ERROR.
+//   - SendLongerThanRecvBuffer: LOC_LEN_ERR and REM_INV_REQ_ERR (or REM_OP_ERR), both
+//     QPs in ERROR.
 //   - Ordering, WriteWithImmVisibleBeforeCompletion: per-QP order of execution and
 //     completion; RDMA write data is in place when its receive completion is polled.
 //   - UnsignaledNoCompletion, UnsignaledSlotsFreedBySignaled: unsignaled WRs complete
-//     silently and hold their send-queue slots until a later completion is polled.
+//     silently; their send-queue slots are free at the latest once a later signaled
+//     completion is polled (a device may free them when they retire).
 //   - CQOverflow: a completion beyond the CQ's capacity makes Poll fail with
 //     ErrCQOverflow.
 //   - ErrorFlush, PostInErrorFlushes: in ERROR every outstanding or newly posted WR
@@ -31,6 +36,10 @@
 //     RETRY_EXC_ERR.
 //   - FaultBreakLink, FaultRepairLink, FaultDelay, FaultFailQP, FaultAllocFailure: the
 //     behaviour of injected faults, for providers that implement [Faults].
+//
+// Where real devices legitimately differ, a rule accepts each behaviour the verbs contract
+// (the man pages, the InfiniBand specification) allows, and its comment says which and
+// why; where a simulator would accept what the kernel refuses, the rule refuses it.
 //
 // The remaining subtests (LocalProtection, RTRReceives, SendWithImmScatter,
 // ZeroLengthRecv, InlineSend, RDMARead, CompChannelWait, CompChannelSolicitedOnly,
@@ -43,6 +52,15 @@
 // before the injected delay") and absence where the absence is already decided when the
 // check runs (a request queued behind a stalled one). Transport timers use hardware
 // settings: ACK timeout 14 (67 ms) with 3 retries, RNR timer 12 (0.64 ms).
+//
+// # Two hosts
+//
+// [Suite] runs the rules with each pair's two ends on two providers: side a in the test
+// process, side b possibly in another process on another host, behind the agent protocol
+// ([ServeAgent] there, [DialAgent] here). [OnAddr] picks each host's device by its IP
+// address. The rules drive side b only through the verbs API, so every rule runs across
+// the wire; a rule that checks memory the moment a completion is polled keeps that poller
+// on side a.
 //
 // # Optional interfaces
 //
