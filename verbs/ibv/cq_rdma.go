@@ -306,9 +306,13 @@ func (c *cq) release() {
 // exceed the size asked for (verbstest.CapacityReporter).
 func (c *cq) Capacity() int { return c.capacity }
 
-// Poll moves up to len(wc) completions into wc. It allocates nothing.
+// Poll moves up to len(wc) completions into wc. It allocates nothing. A Poll of no
+// completions reports an overflow too, so that one can be awaited without draining the CQ.
 func (c *cq) Poll(wc []verbs.WorkCompletion) (int, error) {
 	if len(wc) == 0 {
+		if c.overflow.Load() {
+			return 0, errCQOverflow
+		}
 		return 0, nil
 	}
 	c.mu.Lock()

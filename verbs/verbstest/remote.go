@@ -249,7 +249,7 @@ func (a *agent) handleCQ(c call) (reply, error) {
 	if c.Op == "reqNotify" {
 		return r, cq.ReqNotify(c.Solicited)
 	}
-	if c.N < 1 || c.N > maxBatch {
+	if c.N < 0 || c.N > maxBatch {
 		return r, fmt.Errorf("poll %d completions: %w", c.N, verbs.ErrInvalidArgument)
 	}
 	wc := make([]verbs.WorkCompletion, c.N)
@@ -629,9 +629,6 @@ func (c *remoteCQ) Close() error { return c.r.closeObj(c.h) }
 func (c *remoteCQ) Capacity() int { return c.capacity }
 
 func (c *remoteCQ) Poll(wc []verbs.WorkCompletion) (int, error) {
-	if len(wc) == 0 {
-		return 0, nil
-	}
 	rep, err := c.r.do(call{Op: "poll", H: c.h, N: min(len(wc), maxBatch)}, 0)
 	n := copy(wc, rep.WCs)
 	return n, err
