@@ -28,8 +28,37 @@ const validSendFlags = verbs.SendFence | verbs.SendSignaled | verbs.SendSolicite
 
 // PostSend posts wr in order. A request the QP cannot take (bad opcode or flags, too
 // many SGEs, inline data too long) is rejected before the device sees it, after the
-// requests before it are posted.
+// requests before it are posted. Requests posted to a QP in ERROR complete with
+// WR_FLUSH_ERR (see flushPosted).
 func (q *qp) PostSend(wr []verbs.SendWR) error {
+	err := q.postSend(wr)
+	q.flushPosted()
+	return err
+}
+
+// PostRecv posts wr in order, with the failure rule of PostSend; receives may be posted
+// from INIT on.
+func (q *qp) PostRecv(wr []verbs.RecvWR) error {
+	err := q.postRecv(wr)
+	q.flushPosted()
+	return err
+}
+
+// flushPosted makes sure that requests posted to a QP this provider moved to ERROR are
+// flushed, as the verbs contract says (IBA C10-42): it moves the QP to ERROR again, a
+// transition every driver accepts and answers by flushing its queues. rxe needs it: it
+// flushes a QP's queues when the QP enters ERROR, and on kernel 6.1 never again, so later
+// requests never complete; on 6.12 whether they do depends on whether its completer task
+// is still running when they are posted. Called without the post locks held (ToError
+// takes modifyMu, and Close takes modifyMu before them). The cost outside ERROR is one
+// atomic load.
+func (q *qp) flushPosted() {
+	if verbs.QPState(q.state.Load()) == verbs.QPStateError && !q.closed.Load() {
+		q.ToError() // a QP closed meanwhile has nothing to flush
+	}
+}
+
+func (q *qp) postSend(wr []verbs.SendWR) error {
 	if len(wr) == 0 {
 		return nil
 	}
@@ -111,9 +140,7 @@ func (q *qp) checkSend(w *verbs.SendWR) error {
 	return nil
 }
 
-// PostRecv posts receive requests in order, with the same failure rule as PostSend.
-// Receives may be posted from INIT on.
-func (q *qp) PostRecv(wr []verbs.RecvWR) error {
+func (q *qp) postRecv(wr []verbs.RecvWR) error {
 	if len(wr) == 0 {
 		return nil
 	}
