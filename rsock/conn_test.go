@@ -40,22 +40,27 @@ func TestConnNettest(t *testing.T) {
 }
 
 func TestTransportAndFallbackReason(t *testing.T) {
+	// The configurations are explicit (RDMA disabled, or a provider without devices):
+	// with the default provider, a build with -tags rdma on a machine with a device
+	// would upgrade.
 	tests := []struct {
 		fallback   Fallback
-		provider   bool
+		provider   bool // a provider without devices; else RDMA disabled
 		transport  string
 		clientWhy  error
 		clientText string
 	}{
-		{FallbackTCP, false, TransportTCP, ErrNoProvider, "rsock: upgrade to rdma: no RDMA provider: ibv: "},
+		{FallbackTCP, false, TransportTCP, ErrNoProvider, "rsock: upgrade to rdma: no RDMA provider: RDMA disabled by Config.DisableRDMA"},
 		{FallbackTCP, true, TransportTCP, ErrNoDevice, "rsock: upgrade to rdma: no RDMA device: provider fake: "},
-		{FallbackQUIC, false, TransportQUIC, ErrNoProvider, "rsock: upgrade to rdma: no RDMA provider: ibv: "},
+		{FallbackQUIC, false, TransportQUIC, ErrNoProvider, "rsock: upgrade to rdma: no RDMA provider: RDMA disabled by Config.DisableRDMA"},
 		{FallbackQUIC, true, TransportQUIC, ErrNoDevice, "rsock: upgrade to rdma: no RDMA device: provider fake: "},
 	}
 	for _, tt := range tests {
 		scfg, ccfg := configs(t, tt.fallback)
 		if tt.provider {
 			scfg.Provider, ccfg.Provider = fakeProvider{}, fakeProvider{}
+		} else {
+			scfg.DisableRDMA, ccfg.DisableRDMA = true, true
 		}
 		ln := listen(t, scfg)
 		c, s := pipe(t, ln, ccfg)

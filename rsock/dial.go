@@ -2,8 +2,10 @@ package rsock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"os"
 	"time"
 
 	"github.com/rsockio/rsock/fallback"
@@ -32,6 +34,15 @@ func (d *Dialer) Dial(network, address string) (net.Conn, error) {
 // DialContext connects to address on the named network ("tcp", "tcp4" or "tcp6") and
 // returns a [*Conn]. ctx bounds the whole setup; once DialContext has returned, ctx no
 // longer matters.
+//
+// Config.HandshakeTimeout bounds everything after the bootstrap connection is
+// established: finding and opening the RDMA device, preparing the endpoint, the hello
+// exchange, connecting the queue pairs and the confirmation. When ctx ends first,
+// DialContext returns an error matching ctx.Err() (context.Canceled or
+// context.DeadlineExceeded), as net.Dialer does; when the handshake timeout runs out,
+// the error matches os.ErrDeadlineExceeded. A device too slow to open within the
+// handshake timeout fails the dial rather than falling back: falling back would
+// overrun the bound the caller set.
 //
 // The connection starts on the configured fallback transport and sends the hello.
 // Without an RDMA provider, the hello says so and DialContext returns at once, without
@@ -87,11 +98,24 @@ func (d *Dialer) DialRsock(ctx context.Context, network, address string) (*Conn,
 }
 
 // clientHandshake runs the client's side of the hello on a new bootstrap connection.
+//
+// Every step is bounded by ctx and by the handshake timeout: the bootstrap connection's
+// deadline covers the hello exchange and the confirmation, and a context ending at the
+// same time covers the steps that do not touch it (listing and opening the RDMA device,
+// preparing the endpoint). A dial whose ctx ends returns ctx's error, as net.Dialer
+// does; a handshake that runs out of time returns an error matching
+// os.ErrDeadlineExceeded, whichever step it was in.
 func clientHandshake(ctx context.Context, d *dialState) (*Conn, error) {
 	stop := bindDeadline(ctx, d.boot, d.cfg.HandshakeTimeout)
-	c, err := d.handshake(ctx)
+	hctx, cancel := context.WithTimeout(ctx, d.cfg.HandshakeTimeout)
+	c, err := d.handshake(hctx)
+	timedOut := hctx.Err() != nil && ctx.Err() == nil
+	cancel()
 	if cerr := stop(); cerr != nil {
 		err = cerr // the handshake was cut short, or finished just as ctx ended
+	}
+	if err != nil && timedOut && errors.Is(err, context.DeadlineExceeded) {
+		err = fmt.Errorf("%w (handshake timeout %v): %w", err, d.cfg.HandshakeTimeout, os.ErrDeadlineExceeded)
 	}
 	if err != nil {
 		if c != nil {

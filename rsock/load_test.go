@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,22 +18,33 @@ import (
 )
 
 // TestLoad runs many concurrent connections, each doing request/response rounds with
-// an echo server and checking every reply, over soft RDMA and over TCP. It is bounded in
-// connections, rounds and time.
+// an echo server and checking every reply: over soft RDMA, over TCP (RDMA disabled),
+// and, where the build and the machine have one (-tags rdma, in the Soft-RoCE VM), over
+// the default provider's device, so that the dials stampede on a real device. It is
+// bounded in connections, rounds and time.
 func TestLoad(t *testing.T) {
 	conns, rounds := 1000, 20
 	if testing.Short() {
 		conns, rounds = 200, 10
 	}
-	for _, rdma := range []bool{true, false} {
-		name := map[bool]string{true: "rdma", false: "tcp"}[rdma]
-		t.Run(fmt.Sprintf("%s/%d", name, conns), func(t *testing.T) {
+	kinds := []string{"rdma", "tcp"}
+	if p, err := defaultProvider(); err == nil {
+		kinds = append(kinds, "default-"+p.Name())
+	} else {
+		t.Logf("no default provider here, soft and TCP only: %v", err)
+	}
+	for _, kind := range kinds {
+		t.Run(fmt.Sprintf("%s/%d", kind, conns), func(t *testing.T) {
 			fab := soft.New(soft.Options{})
 			scfg, ccfg := configs(t, FallbackTCP)
-			want := TransportTCP
-			if rdma {
+			want := TransportRDMA
+			switch kind {
+			case "rdma":
 				scfg.Provider, ccfg.Provider = fab, fab
-				want = TransportRDMA
+			case "tcp":
+				scfg.DisableRDMA, ccfg.DisableRDMA = true, true
+				want = TransportTCP
+			default: // the default provider: Provider stays nil
 			}
 			// Small rings keep 2×conns endpoints modest; the default sizes work too.
 			for _, c := range []*Config{scfg, ccfg} {
@@ -40,7 +52,8 @@ func TestLoad(t *testing.T) {
 				c.MaxConcurrentHandshakes = 256
 			}
 			ln := listen(t, scfg)
-			served := serveEcho(ln)
+			var byTransport sync.Map // the server's connections, by transport
+			served := serveEcho(ln, &byTransport)
 
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
@@ -63,22 +76,33 @@ func TestLoad(t *testing.T) {
 			}
 			ln.Close()
 			served.Wait()
+			byTransport.Range(func(k, v any) bool {
+				if n := v.(*atomic.Int64).Load(); k != want {
+					t.Errorf("the server accepted %d connections on %s, want all on %s", n, k, want)
+				}
+				return true
+			})
 			requireReleased(t, fab)
 		})
 	}
 }
 
 // serveEcho echoes every connection ln accepts until ln closes. Wait on the result to
-// know every echo has ended.
-func serveEcho(ln *Listener) *sync.WaitGroup {
+// know every echo has ended. Each accepted connection's transport is counted in
+// byTransport, if it is not nil, before its echo starts.
+func serveEcho(ln *Listener, byTransport ...*sync.Map) *sync.WaitGroup {
 	var served sync.WaitGroup
 	served.Add(1)
 	go func() {
 		defer served.Done()
 		for {
-			c, err := ln.Accept()
+			c, err := ln.AcceptRsock()
 			if err != nil {
 				return
+			}
+			for _, m := range byTransport {
+				n, _ := m.LoadOrStore(c.Transport(), new(atomic.Int64))
+				n.(*atomic.Int64).Add(1)
 			}
 			served.Add(1)
 			go func() {

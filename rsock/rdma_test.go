@@ -65,15 +65,22 @@ func TestRDMAFallbackReasons(t *testing.T) {
 		serverWhy  error
 		clientPeer bool
 	}{
+		// Configurations without RDMA are explicit: a nil Provider is the default one,
+		// which finds a device where the build and the machine have one.
 		{
 			name:      "server has no provider",
-			setup:     func(fab *soft.Fabric, scfg, ccfg *Config) { scfg.Provider = nil },
+			setup:     func(fab *soft.Fabric, scfg, ccfg *Config) { scfg.Provider, scfg.DisableRDMA = nil, true },
 			clientWhy: ErrNoProvider, serverWhy: ErrNoProvider, clientPeer: true,
 		},
 		{
-			name:      "client has no provider",
-			setup:     func(fab *soft.Fabric, scfg, ccfg *Config) { ccfg.Provider = nil },
-			clientWhy: ErrNoProvider, serverWhy: ErrPeerOfferedNone,
+			name:      "server's provider has no device",
+			setup:     func(fab *soft.Fabric, scfg, ccfg *Config) { scfg.Provider = fakeProvider{} },
+			clientWhy: ErrNoDevice, serverWhy: ErrNoDevice, clientPeer: true,
+		},
+		{
+			name:      "client's provider has no device",
+			setup:     func(fab *soft.Fabric, scfg, ccfg *Config) { ccfg.Provider = fakeProvider{} },
+			clientWhy: ErrNoDevice, serverWhy: ErrPeerOfferedNone,
 		},
 		{
 			name:      "registration fails on the client",

@@ -67,7 +67,10 @@ type dialState struct {
 // sent. To upgrade, it sends an offer with this side's RDMA endpoint, waits for the
 // server's answer and connects the queue pairs.
 func (d *dialState) offerRDMA(ctx context.Context) (upgrade, error) {
-	ep, reason := prepareEndpoint(d.cfg, d.boot)
+	ep, reason, err := prepareEndpoint(ctx, d.cfg, d.boot)
+	if err != nil {
+		return upgrade{}, err
+	}
 	if reason != nil {
 		return upgrade{reason: reason}, nil
 	}
@@ -119,7 +122,10 @@ type acceptState struct {
 // prepares this side's endpoint, connects its QP to the client's, sends an accept
 // carrying it and waits for the client's confirmation.
 func (a *acceptState) acceptRDMA(ctx context.Context, offer *hello) (upgrade, error) {
-	ep, reason := prepareEndpoint(a.cfg, a.boot)
+	ep, reason, err := prepareEndpoint(ctx, a.cfg, a.boot)
+	if err != nil {
+		return upgrade{}, err
+	}
 	if reason != nil {
 		return upgrade{reason: reason}, nil
 	}
@@ -149,21 +155,28 @@ func (a *acceptState) acceptRDMA(ctx context.Context, offer *hello) (upgrade, er
 	return upgrade{}, fmt.Errorf("%w: confirmation byte %#x", ErrBadHello, confirm[0])
 }
 
-// prepareEndpoint creates this side's RDMA endpoint for boot, or returns why it cannot.
-func prepareEndpoint(cfg *Config, boot bootConn) (*rdma.Endpoint, error) {
+// prepareEndpoint creates this side's RDMA endpoint for boot, or returns why it cannot
+// (reason, a *FallbackError). ctx bounds it (the handshake's context: the dial's or the
+// Listener's, ending with the handshake timeout); when ctx ends first, the endpoint is
+// not prepared and err, matching ctx.Err(), fails the handshake: a device too slow to
+// list or open within the handshake timeout is not a reason to overrun it.
+func prepareEndpoint(ctx context.Context, cfg *Config, boot bootConn) (ep *rdma.Endpoint, reason, err error) {
 	p, err := cfg.provider()
 	if err != nil {
-		return nil, &FallbackError{Err: err}
+		return nil, &FallbackError{Err: err}, nil
 	}
 	ip, ok := localIP(boot)
 	if !ok {
-		return nil, &FallbackError{Err: fmt.Errorf("%w: no local IP address for %v", ErrNoDevice, boot.LocalAddr())}
+		return nil, &FallbackError{Err: fmt.Errorf("%w: no local IP address for %v", ErrNoDevice, boot.LocalAddr())}, nil
 	}
-	ep, err := rdma.Prepare(p, ip, cfg.rdmaOptions())
-	if err != nil {
-		return nil, &FallbackError{Err: prepareReason(p, err)}
+	ep, err = rdma.PrepareContext(ctx, p, ip, cfg.rdmaOptions())
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return nil, nil, fmt.Errorf("prepare rdma endpoint: %w", ctx.Err())
+	case err != nil:
+		return nil, &FallbackError{Err: prepareReason(p, err)}, nil
 	}
-	return ep, nil
+	return ep, nil, nil
 }
 
 // localIP is the address the RDMA device is chosen by: the bootstrap connection's local

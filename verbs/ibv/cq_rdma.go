@@ -86,6 +86,16 @@ type compChannel struct {
 	readFn      func(uintptr) bool // ch.readEvent, made once so Wait does not allocate it
 	interruptFn func()             // ch.interrupt, likewise
 
+	// The cancellation of the latest Wait's context stays registered after the Wait
+	// returns: a poller waits again and again with one context, and registering anew
+	// each time (context.AfterFunc) would allocate on every wait. watchDone is the
+	// Done channel it watches; a Wait with another context replaces it, and Close
+	// removes it. A cancellation that fires between Waits leaves a read deadline in
+	// the past, which the next Wait clears (and a cancelled context fails that Wait
+	// before it reads anyway).
+	watchDone <-chan struct{}
+	stopWatch func() bool
+
 	mu       sync.Mutex // guards closed and attached against CreateCQ and Close
 	closed   atomic.Bool
 	attached int // CQs created on this channel and not yet closed
@@ -112,9 +122,11 @@ func (ch *compChannel) Wait(ctx context.Context) (verbs.CQ, error) {
 	if err := ch.f.SetReadDeadline(noDeadline); err != nil {
 		return nil, fmt.Errorf("ibv: wait for completion event: %w", err)
 	}
-	if ctx.Done() != nil {
-		stop := context.AfterFunc(ctx, ch.interruptFn)
-		defer stop()
+	if done := ctx.Done(); done != nil && done != ch.watchDone {
+		if ch.stopWatch != nil {
+			ch.stopWatch()
+		}
+		ch.watchDone, ch.stopWatch = done, context.AfterFunc(ctx, ch.interruptFn)
 	}
 	for {
 		ch.evCQ, ch.evErr = nil, nil
@@ -202,6 +214,10 @@ func (ch *compChannel) Close() error {
 	close(ch.closing)
 	ch.f.Close()
 	ch.turn <- struct{}{} // a Wait in progress has returned
+	if ch.stopWatch != nil {
+		ch.stopWatch()
+		ch.watchDone, ch.stopWatch = nil, nil
+	}
 	rc, err := C.rsock_destroy_comp_channel(ch.ch)
 	ch.ctx.removeChild()
 	if rc != 0 {

@@ -370,6 +370,38 @@ func fakeDevice(t *testing.T) {
 		require.Zero(t, allocs, "allocations per post and poll")
 	})
 
+	// A poller arms its CQ and waits on the channel, again and again with one
+	// cancellable context: none of that may allocate (a context.AfterFunc per Wait did).
+	t.Run("no allocations: arm and wait", func(t *testing.T) {
+		r := newFakeRig(t, verbs.QPCaps{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInlineData: 64})
+		defer r.close(t)
+		recv := []verbs.RecvWR{{ID: 1}}
+		send := []verbs.SendWR{{ID: 2, Opcode: verbs.OpRDMAWriteWithImm, Flags: verbs.SendSignaled | verbs.SendInline,
+			SGL: []verbs.SGE{{Addr: r.mrA.Addr(), Length: 8}}, RemoteAddr: r.mrB.Addr(), RKey: r.mrB.RKey()}}
+		wc := make([]verbs.WorkCompletion, 4)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		allocs := testing.AllocsPerRun(100, func() {
+			if r.b.PostRecv(recv) != nil || r.cqB.ReqNotify(false) != nil || r.a.PostSend(send) != nil {
+				panic("post or arm failed")
+			}
+			if cq, err := r.ch.Wait(ctx); err != nil || cq != r.cqB {
+				panic(fmt.Sprintf("wait = %v, %v", cq, err))
+			}
+			if n, _ := r.cqB.Poll(wc); n != 1 {
+				panic("no receive completion")
+			}
+			if n, _ := r.cqA.Poll(wc); n != 1 {
+				panic("no send completion")
+			}
+		})
+		require.Zero(t, allocs, "allocations per arm, wait and poll")
+		// The cancellation stays wired: cancelling wakes a Wait with nothing to wait for.
+		cancel()
+		_, err := r.ch.Wait(ctx)
+		require.ErrorIs(t, err, context.Canceled)
+	})
+
 	t.Run("concurrent post, poll and wait", func(t *testing.T) {
 		r := newFakeRig(t, verbs.QPCaps{MaxSendWR: 64, MaxRecvWR: 64, MaxSendSGE: 1, MaxRecvSGE: 1})
 		defer r.close(t)

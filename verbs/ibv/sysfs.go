@@ -1,6 +1,7 @@
 package ibv
 
 import (
+	"bytes"
 	"cmp"
 	"errors"
 	"fmt"
@@ -326,21 +327,35 @@ func parsePortState(s string) (verbs.PortState, string) {
 }
 
 // readGIDTable implements ReadGIDTable for a port already read.
+//
+// The kernel lists every index of the table in gids/ (and in gid_attrs/types/ and
+// gid_attrs/ndevs/), populated or not: an unpopulated entry reads as the zero GID
+// and its attributes fail to read (Documentation/ABI/stable/sysfs-class-infiniband;
+// drivers/infiniband/core/sysfs.c creates one file per index up to the table's
+// length). So every gids/ entry is read, each with one open and one read into a
+// reused buffer, and the attribute files only for the populated ones. The index
+// kept is the file's name, the hardware index, never a position in the result.
 func readGIDTable(root string, p portInfo) ([]verbs.GIDEntry, error) {
-	ents, err := os.ReadDir(filepath.Join(p.dir, "gids"))
+	gidsDir := filepath.Join(p.dir, "gids")
+	ents, err := os.ReadDir(gidsDir)
 	if err != nil {
 		return nil, fmt.Errorf("ibv: GID table of %s port %d: %w", p.device, p.num, err)
 	}
-	var table []verbs.GIDEntry
+	var (
+		table []verbs.GIDEntry
+		buf   [64]byte // a GID is 39 characters; attribute values are shorter than 64
+		zero  = []byte("0000:0000:0000:0000:0000:0000:0000:0000")
+	)
 	for _, e := range ents {
 		idx, err := strconv.Atoi(e.Name())
 		if err != nil || idx < 0 {
 			continue
 		}
-		s, err := readLine(filepath.Join(p.dir, "gids", e.Name()))
-		if err != nil {
-			continue // unpopulated entries can fail to read
+		b, ok := readAttrInto(filepath.Join(gidsDir, e.Name()), buf[:])
+		if !ok || bytes.Equal(b, zero) {
+			continue // unpopulated: zero, or (some kernels) a failed read
 		}
+		s := string(b)
 		a, err := netip.ParseAddr(s)
 		if err != nil || !a.Is6() {
 			return nil, fmt.Errorf("ibv: %s port %d GID[%d]: malformed GID %q", p.device, p.num, idx, s)
@@ -353,18 +368,18 @@ func readGIDTable(root string, p portInfo) ([]verbs.GIDEntry, error) {
 		if p.linkLayer == verbs.LinkLayerEthernet {
 			ent.Type = verbs.GIDTypeRoCEv1
 		}
-		if t, err := readLine(filepath.Join(p.dir, "gid_attrs", "types", e.Name())); err == nil {
+		if t, ok := readAttrInto(filepath.Join(p.dir, "gid_attrs", "types", e.Name()), buf[:]); ok {
 			switch {
-			case strings.EqualFold(t, "RoCE v2"):
+			case bytes.EqualFold(t, []byte("RoCE v2")):
 				ent.Type = verbs.GIDTypeRoCEv2
-			case strings.EqualFold(t, "IB/RoCE v1"):
+			case bytes.EqualFold(t, []byte("IB/RoCE v1")):
 				// keep the link-layer default
 			default:
 				continue // a type this package does not know cannot be selected
 			}
 		}
-		if nd, err := readLine(filepath.Join(p.dir, "gid_attrs", "ndevs", e.Name())); err == nil {
-			ent.Netdev = nd
+		if nd, ok := readAttrInto(filepath.Join(p.dir, "gid_attrs", "ndevs", e.Name()), buf[:]); ok {
+			ent.Netdev = string(nd)
 		}
 		table = append(table, ent)
 	}

@@ -59,6 +59,10 @@ func TestSelect(t *testing.T) {
 		// No gid_attrs (old kernel): RoCE v1, no netdev.
 		{"sysfs-multi", "10.4.0.5", Selection{Device: "rxe0", Port: 1, GIDIndex: 0, GID: gid("::ffff:10.4.0.5"),
 			Type: verbs.GIDTypeRoCEv1, LinkLayer: verbs.LinkLayerEthernet}},
+		// A table with holes: the hardware index (7), not the position among the
+		// populated entries (3).
+		{"sysfs-holes", "10.77.0.9", Selection{Device: "rxe0", Port: 1, GIDIndex: 7, GID: gid("::ffff:10.77.0.9"),
+			Type: verbs.GIDTypeRoCEv2, LinkLayer: verbs.LinkLayerEthernet, Netdev: "eth0"}},
 		// InfiniBand: IPoIB interface by dev_port.
 		{"sysfs-ib", "192.168.0.5", Selection{Device: "mlx5_0", Port: 1, GIDIndex: 0, GID: gid("fe80::2:c903:1:1"),
 			Type: verbs.GIDTypeIB, LinkLayer: verbs.LinkLayerInfiniBand, Netdev: "ib0"}},
@@ -147,6 +151,13 @@ func TestReadGIDTable(t *testing.T) {
 			{Index: 3, GID: gid("::ffff:10.0.0.5"), Type: verbs.GIDTypeRoCEv2, Netdev: "eth0"},
 			{Index: 4, GID: gid("fd00::5"), Type: verbs.GIDTypeRoCEv1, Netdev: "eth0"},
 			{Index: 5, GID: gid("fd00::5"), Type: verbs.GIDTypeRoCEv2, Netdev: "eth0"},
+		}},
+		// Holes keep their hardware indices.
+		{"sysfs-holes", "rxe0", 1, []verbs.GIDEntry{
+			{Index: 0, GID: gid("fe80::5054:ff:fe12:3456"), Type: verbs.GIDTypeRoCEv1, Netdev: "eth0"},
+			{Index: 1, GID: gid("fe80::5054:ff:fe12:3456"), Type: verbs.GIDTypeRoCEv2, Netdev: "eth0"},
+			{Index: 6, GID: gid("::ffff:10.77.0.9"), Type: verbs.GIDTypeRoCEv1, Netdev: "eth0"},
+			{Index: 7, GID: gid("::ffff:10.77.0.9"), Type: verbs.GIDTypeRoCEv2, Netdev: "eth0"},
 		}},
 		{"sysfs-multi", "rxe0", 1, []verbs.GIDEntry{
 			{Index: 0, GID: gid("::ffff:10.4.0.5"), Type: verbs.GIDTypeRoCEv1},

@@ -1,8 +1,10 @@
 package rdma
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 	"reflect"
 	"sync"
@@ -15,19 +17,33 @@ import (
 // it: one context, one protection domain and a growing set of pollers, each owning a CQ.
 // It is reference-counted: the last connection to let go closes everything, so that an
 // idle process holds no device resources.
+//
+// The device holds no port or GID: those belong to each connection ([portPath]), chosen
+// by the connection's own local IP, since connections from different local addresses
+// (subnets, VLANs) of one port need different source GIDs.
 type device struct {
-	key      deviceKey
-	ctx      verbs.Context
-	pd       verbs.PD
-	attr     verbs.DeviceAttr
-	port     verbs.PortAttr
-	gidIndex int
-	gid      verbs.GID
+	key  deviceKey
+	attr verbs.DeviceAttr
+
+	// ready is closed when the opening goroutine has finished; ctx, pd and openErr
+	// are written before and only read after.
+	ready   chan struct{}
+	openErr error
+	ctx     verbs.Context
+	pd      verbs.PD
+
+	refs int // guarded by devices
 
 	mu      sync.Mutex
-	refs    int
 	conns   int // endpoints admitted
 	pollers []*poller
+}
+
+// portPath is where one connection leaves its device: the port and the source GID
+// (with its hardware index in the port's GID table) serving its local IP.
+type portPath struct {
+	port verbs.PortAttr
+	gid  verbs.GIDEntry
 }
 
 // admit counts one more connection on the device, unless limit (if positive) is reached.
@@ -53,111 +69,180 @@ type deviceKey struct {
 	name     string
 }
 
+// devices holds the open devices and the ones being opened. Its lock also guards
+// every device's refs.
 var devices = struct {
 	sync.Mutex
 	open map[deviceKey]*device
 }{open: make(map[deviceKey]*device)}
 
 // acquireDevice returns the shared device of provider p that serves local address ip,
-// opening it on first use. Each successful call must be paired with release.
-func acquireDevice(p verbs.Provider, ip netip.Addr) (*device, error) {
-	attrs, err := deviceAttrs(p)
-	if err != nil {
-		return nil, fmt.Errorf("list devices: %w", err)
-	}
-	devAttr, port, gidIndex, err := selectPort(attrs, ip)
-	if err != nil {
-		return nil, err
-	}
+// opening it on first use, and the port and GID the connection uses on it. Each
+// successful call must be paired with release.
+//
+// It honours ctx at every step that can block: the device listing and the opening both
+// run in goroutines of their own that callers wait for, together (concurrent callers
+// share one listing and one opening) and only as long as ctx lasts. A caller whose ctx
+// ends gets ctx.Err(); the step it gave up on completes in the background, and a device
+// opened for nobody is closed at once.
+func acquireDevice(ctx context.Context, p verbs.Provider, ip netip.Addr) (*device, portPath, error) {
 	if !reflect.TypeOf(p).Comparable() {
 		// Devices are shared by provider; a provider must be usable as a map key.
-		return nil, fmt.Errorf("provider %s of type %T is not comparable: use a pointer", p.Name(), p)
+		return nil, portPath{}, fmt.Errorf("provider %s of type %T is not comparable: use a pointer", p.Name(), p)
+	}
+	attrs, err := deviceAttrs(ctx, p)
+	if err != nil {
+		return nil, portPath{}, fmt.Errorf("list devices: %w", err)
+	}
+	devAttr, path, err := selectPort(attrs, ip)
+	if err != nil {
+		return nil, portPath{}, err
 	}
 	key := deviceKey{provider: p, name: devAttr.Name}
 
 	devices.Lock()
-	defer devices.Unlock()
-	if d := devices.open[key]; d != nil {
-		d.mu.Lock()
-		d.refs++
-		d.mu.Unlock()
-		return d, nil
+	d := devices.open[key]
+	if d == nil {
+		d = &device{key: key, attr: devAttr, ready: make(chan struct{})}
+		devices.open[key] = d
+		go d.open(p)
 	}
-	ctx, err := p.Open(devAttr.Name)
-	if err != nil {
-		return nil, fmt.Errorf("open device %s: %w", devAttr.Name, err)
+	d.refs++
+	devices.Unlock()
+
+	select {
+	case <-d.ready:
+	case <-ctx.Done():
+		d.release()
+		return nil, portPath{}, ctx.Err()
 	}
-	pd, err := ctx.AllocPD()
+	if d.openErr != nil {
+		d.release()
+		return nil, portPath{}, d.openErr
+	}
+	return d, path, nil
+}
+
+// open opens the device and allocates its protection domain, then wakes the callers of
+// acquireDevice waiting for it. A failed opening leaves the table, so that the next
+// caller tries again; a device every waiter gave up on is closed.
+func (d *device) open(p verbs.Provider) {
+	ctx, err := p.Open(d.key.name)
+	var pd verbs.PD
 	if err != nil {
+		err = fmt.Errorf("open device %s: %w", d.key.name, err)
+	} else if pd, err = ctx.AllocPD(); err != nil {
 		ctx.Close()
-		return nil, fmt.Errorf("allocate protection domain on %s: %w", devAttr.Name, err)
+		err = fmt.Errorf("allocate protection domain on %s: %w", d.key.name, err)
 	}
-	d := &device{
-		key: key, ctx: ctx, pd: pd, attr: devAttr, port: port, refs: 1,
-		gidIndex: gidIndex, gid: port.GIDs[gidIndex].GID,
+	devices.Lock()
+	d.ctx, d.pd, d.openErr = ctx, pd, err
+	abandoned := err == nil && d.refs == 0
+	if (err != nil || abandoned) && devices.open[d.key] == d {
+		delete(devices.open, d.key)
 	}
-	devices.open[key] = d
-	return d, nil
+	close(d.ready)
+	devices.Unlock()
+	if abandoned {
+		pd.Close()
+		ctx.Close()
+	}
 }
 
 // attrCacheTTL is how long a provider's device list is reused. Listing devices can be
-// costly (rdma-core opens each device and queries it), and connections are set up far
-// more often than ports change state.
+// costly (rdma-core opens each device and queries it, and reads each port's GID table
+// from sysfs), and connections are set up far more often than ports change state.
 const attrCacheTTL = 5 * time.Second
 
+// attrCache holds, per provider, the latest device listing: finished and fresh, or in
+// flight. Callers that arrive while a listing is in flight wait for that one instead of
+// starting their own, so that a burst of dials on a cold cache lists devices once.
 var attrCache = struct {
 	sync.Mutex
-	byProvider map[verbs.Provider]cachedAttrs
-}{byProvider: make(map[verbs.Provider]cachedAttrs)}
+	byProvider map[verbs.Provider]*attrListing
+}{byProvider: make(map[verbs.Provider]*attrListing)}
 
-type cachedAttrs struct {
+// attrListing is one call of a provider's Devices method.
+type attrListing struct {
+	done chan struct{} // closed when the call has returned; the fields below are then set
+
 	attrs []verbs.DeviceAttr
-	until time.Time
+	err   error
+
+	finished bool      // guarded by attrCache: done is closed
+	until    time.Time // guarded by attrCache: when a successful listing goes stale
 }
 
-// deviceAttrs returns p.Devices(), cached for attrCacheTTL. Errors are not cached.
-func deviceAttrs(p verbs.Provider) ([]verbs.DeviceAttr, error) {
-	if !reflect.TypeOf(p).Comparable() {
-		return p.Devices()
-	}
+// deviceAttrs returns p.Devices(), cached for attrCacheTTL and shared by concurrent
+// callers; it returns ctx.Err() if ctx ends first. Errors are not cached: the callers
+// that shared a failed listing all get its error, and the next caller lists again.
+// p must be comparable.
+func deviceAttrs(ctx context.Context, p verbs.Provider) ([]verbs.DeviceAttr, error) {
 	now := time.Now()
 	attrCache.Lock()
-	c, ok := attrCache.byProvider[p]
-	attrCache.Unlock()
-	if ok && now.Before(c.until) {
-		return c.attrs, nil
-	}
-	attrs, err := p.Devices()
-	if err != nil {
-		return nil, err
-	}
-	attrCache.Lock()
-	for k, v := range attrCache.byProvider { // drop expired providers (tests make many)
-		if now.After(v.until) {
-			delete(attrCache.byProvider, k)
+	l := attrCache.byProvider[p]
+	if l == nil || (l.finished && !now.Before(l.until)) {
+		for k, v := range attrCache.byProvider { // drop stale providers (tests make many)
+			if v.finished && !now.Before(v.until) {
+				delete(attrCache.byProvider, k)
+			}
 		}
+		l = &attrListing{done: make(chan struct{})}
+		attrCache.byProvider[p] = l
+		go l.run(p)
 	}
-	attrCache.byProvider[p] = cachedAttrs{attrs: attrs, until: now.Add(attrCacheTTL)}
 	attrCache.Unlock()
-	return attrs, nil
+	select {
+	case <-l.done:
+		return l.attrs, l.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
-// release drops one reference, closing the device with the last one.
+// run lists p's devices and publishes the outcome to the listing's waiters.
+func (l *attrListing) run(p verbs.Provider) {
+	attrs, err := p.Devices()
+	attrCache.Lock()
+	l.attrs, l.err = attrs, err
+	l.finished = true
+	l.until = time.Now().Add(attrCacheTTL)
+	if err != nil && attrCache.byProvider[p] == l {
+		delete(attrCache.byProvider, p)
+	}
+	close(l.done)
+	attrCache.Unlock()
+}
+
+// release drops one reference, closing the device with the last one. A device still
+// being opened is left to its opening goroutine, which closes it if nobody wants it.
 func (d *device) release() error {
 	devices.Lock()
-	defer devices.Unlock()
-	d.mu.Lock()
 	d.refs--
-	last := d.refs == 0
-	pollers := d.pollers
-	if last {
-		d.pollers = nil
-	}
-	d.mu.Unlock()
-	if !last {
+	if d.refs > 0 {
+		devices.Unlock()
 		return nil
 	}
-	delete(devices.open, d.key)
+	select {
+	case <-d.ready:
+	default:
+		devices.Unlock()
+		return nil // open closes it
+	}
+	if d.openErr != nil {
+		devices.Unlock()
+		return nil // never opened; open took it out of the table
+	}
+	if devices.open[d.key] == d {
+		delete(devices.open, d.key)
+	}
+	// Closing under the lock keeps a new acquireDevice from opening the same device
+	// while this one is being torn down.
+	defer devices.Unlock()
+	d.mu.Lock()
+	pollers := d.pollers
+	d.pollers = nil
+	d.mu.Unlock()
 	var errs []error
 	for _, p := range pollers {
 		errs = append(errs, p.close())
@@ -195,16 +280,21 @@ func (d *device) pollerFor(entries, cqSize, spin int) (*poller, error) {
 	return p, nil
 }
 
-// selectPort chooses the device, active port and GID index to use for connections
-// whose bootstrap connection runs from local address ip. A RoCE GID holding ip wins
-// (RoCE v2 over v1); otherwise the first active InfiniBand port, addressed by GID 0
-// and LID, serves any IP (IPoIB or a software fabric).
-func selectPort(devs []verbs.DeviceAttr, ip netip.Addr) (verbs.DeviceAttr, verbs.PortAttr, int, error) {
-	ip = ip.Unmap()
+// selectPort chooses the device, active port and GID to use for connections whose
+// bootstrap connection runs from local address ip. A RoCE GID holding ip wins (RoCE v2
+// over v1); otherwise the first active InfiniBand port, addressed by its lowest
+// populated GID and its LID, serves any IP (IPoIB or a software fabric).
+//
+// The GID entry returned carries its hardware index (GIDEntry.Index), the one the
+// address vector names: GID tables have holes, so it is not the entry's position in
+// PortAttr.GIDs. Entries beyond index 255, which an address vector cannot name, are
+// never chosen.
+func selectPort(devs []verbs.DeviceAttr, ip netip.Addr) (verbs.DeviceAttr, portPath, error) {
+	ip = ip.WithZone("").Unmap()
 	type choice struct {
 		dev   int
 		port  int
-		gid   int
+		gid   int // position in the port's GIDs
 		score int
 	}
 	best := choice{score: -1}
@@ -213,9 +303,13 @@ func selectPort(devs []verbs.DeviceAttr, ip netip.Addr) (verbs.DeviceAttr, verbs
 			if p.State != verbs.PortActive {
 				continue
 			}
+			lowest := -1 // position of the lowest populated index on an IB port
 			for gi, g := range p.GIDs {
-				if g.GID.IsZero() {
+				if g.GID.IsZero() || g.Index < 0 || g.Index > math.MaxUint8 {
 					continue
+				}
+				if lowest < 0 || g.Index < p.GIDs[lowest].Index {
+					lowest = gi
 				}
 				score := -1
 				switch {
@@ -223,18 +317,20 @@ func selectPort(devs []verbs.DeviceAttr, ip netip.Addr) (verbs.DeviceAttr, verbs
 					score = 3
 				case p.LinkLayer == verbs.LinkLayerEthernet && g.GID.Addr() == ip:
 					score = 2
-				case p.LinkLayer != verbs.LinkLayerEthernet && gi == 0:
-					score = 1
 				}
 				if score > best.score {
 					best = choice{dev: di, port: pi, gid: gi, score: score}
 				}
 			}
+			if p.LinkLayer != verbs.LinkLayerEthernet && lowest >= 0 && best.score < 1 {
+				best = choice{dev: di, port: pi, gid: lowest, score: 1}
+			}
 		}
 	}
 	if best.score < 0 {
-		return verbs.DeviceAttr{}, verbs.PortAttr{}, 0, fmt.Errorf("%w: no active port serves %s", verbs.ErrNoDevice, ip)
+		return verbs.DeviceAttr{}, portPath{}, fmt.Errorf("%w: no active port serves %s", verbs.ErrNoDevice, ip)
 	}
 	d := devs[best.dev]
-	return d, d.Ports[best.port], best.gid, nil
+	p := d.Ports[best.port]
+	return d, portPath{port: p, gid: p.GIDs[best.gid]}, nil
 }

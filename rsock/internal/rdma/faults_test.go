@@ -1,6 +1,7 @@
 package rdma
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -369,7 +370,7 @@ func TestFaultCQOverflow(t *testing.T) {
 	x, y := connPairIPs(t, f, "127.0.0.2", "127.0.0.2", Options{})
 	// The victims' CQ holds 16 entries but admits QPs needing 64 each.
 	opts := Options{RingSize: 64 << 10, SendBufferSize: 16 << 10, RecvWQEs: 32, SendWQEs: 32, CQSize: 16}
-	dev, err := acquireDevice(f, loopback)
+	dev, _, err := acquireDevice(context.Background(), f, loopback)
 	require.NoError(t, err)
 	p, err := dev.pollerFor(0, opts.CQSize, 0)
 	require.NoError(t, err)

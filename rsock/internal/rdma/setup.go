@@ -1,6 +1,7 @@
 package rdma
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
@@ -95,6 +96,7 @@ type Offer struct {
 type Endpoint struct {
 	opts     Options
 	dev      *device
+	path     portPath // port and source GID, chosen by the bootstrap connection's local IP
 	poller   *poller
 	entries  int // CQ entries reserved on poller
 	ring     verbs.MR
@@ -105,14 +107,25 @@ type Endpoint struct {
 	admitted bool // counted in dev.conns
 }
 
-// Prepare creates our side of an RDMA connection on provider p for a bootstrap
-// connection whose local address is ip. On error nothing is left allocated.
-func Prepare(p verbs.Provider, ip netip.Addr, opts Options) (_ *Endpoint, err error) {
+// Prepare is PrepareContext with a background context.
+func Prepare(p verbs.Provider, ip netip.Addr, opts Options) (*Endpoint, error) {
+	return PrepareContext(context.Background(), p, ip, opts)
+}
+
+// PrepareContext creates our side of an RDMA connection on provider p for a bootstrap
+// connection whose local address is ip: the port and source GID are the ones that
+// serve ip. On error nothing is left allocated.
+//
+// ctx bounds the steps that can take long: listing the provider's devices and opening
+// the device (see acquireDevice). When ctx ends first, PrepareContext returns an error
+// matching ctx.Err(). The verbs calls that follow (CQ, MRs, QP) are single system
+// calls; ctx is checked once more after them.
+func PrepareContext(ctx context.Context, p verbs.Provider, ip netip.Addr, opts Options) (_ *Endpoint, err error) {
 	opts = opts.withDefaults()
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	dev, err := acquireDevice(p, ip)
+	dev, path, err := acquireDevice(ctx, p, ip)
 	if err != nil {
 		return nil, err
 	}
@@ -120,7 +133,7 @@ func Prepare(p verbs.Provider, ip netip.Addr, opts Options) (_ *Endpoint, err er
 		dev.release()
 		return nil, fmt.Errorf("%w: %d on %s", ErrTooManyConns, opts.MaxConns, dev.attr.Name)
 	}
-	ep := &Endpoint{opts: opts, dev: dev, admitted: true, entries: opts.SendWQEs + opts.RecvWQEs}
+	ep := &Endpoint{opts: opts, dev: dev, path: path, admitted: true, entries: opts.SendWQEs + opts.RecvWQEs}
 	defer func() {
 		if err != nil {
 			ep.release()
@@ -148,7 +161,7 @@ func Prepare(p verbs.Provider, ip netip.Addr, opts Options) (_ *Endpoint, err er
 	if err != nil {
 		return nil, fmt.Errorf("create QP: %w", err)
 	}
-	if err = ep.qp.ToInit(verbs.InitAttr{Port: dev.port.Num, Access: verbs.AccessRemoteWrite}); err != nil {
+	if err = ep.qp.ToInit(verbs.InitAttr{Port: path.port.Num, Access: verbs.AccessRemoteWrite}); err != nil {
 		return nil, fmt.Errorf("QP to INIT: %w", err)
 	}
 	var recv [1]verbs.RecvWR
@@ -161,15 +174,18 @@ func Prepare(p verbs.Provider, ip netip.Addr, opts Options) (_ *Endpoint, err er
 	var b [4]byte
 	rand.Read(b[:])
 	ep.psn = binary.LittleEndian.Uint32(b[:]) & 0xffffff
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	return ep, nil
 }
 
 // Offer returns what the peer needs to connect to this endpoint.
 func (ep *Endpoint) Offer() Offer {
 	return Offer{
-		GID:       ep.dev.gid,
-		LID:       ep.dev.port.LID,
-		MTU:       ep.dev.port.ActiveMTU,
+		GID:       ep.path.gid.GID,
+		LID:       ep.path.port.LID,
+		MTU:       ep.path.port.ActiveMTU,
 		QPN:       ep.qp.QPN(),
 		PSN:       ep.psn,
 		RingAddr:  ep.ring.Addr(),
@@ -188,17 +204,18 @@ func (ep *Endpoint) connectQP(peer Offer) error {
 	if err := peer.validate(); err != nil {
 		return err
 	}
-	mtu := min(ep.dev.port.ActiveMTU, peer.MTU)
+	mtu := min(ep.path.port.ActiveMTU, peer.MTU)
 	if mtu.Bytes() == 0 {
-		return fmt.Errorf("%w: ours %v, peer's %v", ErrMTU, ep.dev.port.ActiveMTU, peer.MTU)
+		return fmt.Errorf("%w: ours %v, peer's %v", ErrMTU, ep.path.port.ActiveMTU, peer.MTU)
 	}
 	err := ep.qp.ToRTR(verbs.RTRAttr{
 		PathMTU: mtu,
 		DestQPN: peer.QPN,
 		RQPSN:   peer.PSN,
 		Dest: verbs.AddressVector{
-			LID: peer.LID, Port: ep.dev.port.Num, IsGlobal: true,
-			DestGID: peer.GID, SGIDIndex: uint8(ep.dev.gidIndex), HopLimit: 64,
+			LID: peer.LID, Port: ep.path.port.Num, IsGlobal: true,
+			// The hardware index (selectPort never picks one above 255).
+			DestGID: peer.GID, SGIDIndex: uint8(ep.path.gid.Index), HopLimit: 64,
 		},
 		MinRNRTimer: 12, // 0.64 ms; flow control keeps RNR from happening at all
 	})

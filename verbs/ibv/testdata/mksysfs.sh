@@ -47,7 +47,7 @@ roce_addr() {
 	gid "$1" "$2" "$3" $(($4 + 1)) "$5" "RoCE v2" "$6"
 }
 
-rm -rf sysfs-roce sysfs-multi sysfs-ib sysfs-empty sysfs-fake
+rm -rf sysfs-roce sysfs-multi sysfs-ib sysfs-empty sysfs-fake sysfs-holes
 
 # sysfs-roce: one RoCE device, eth0 holds 10.0.0.5, fd00::5 and a link-local address.
 t=sysfs-roce
@@ -106,6 +106,17 @@ port $t fake0 1 "4: ACTIVE" Ethernet
 roce_addr $t fake0 1 0 fe80:0000:0000:0000:0a00:27ff:fe00:0007 eth7
 roce_addr $t fake0 1 2 0000:0000:0000:0000:0000:ffff:0a07:0007 eth7
 gid $t fake0 1 4 $zero
+
+# sysfs-holes: a GID table with holes, as rxe leaves it when addresses are deleted:
+# eth0's link-local address at indices 0 and 1, 10.77.0.2 and 10.77.0.3 deleted from
+# 2 to 5, 10.77.0.9 at hardware indices 6 and 7 (positions 2 and 3 among the populated
+# entries), and unused entries up to 9.
+t=sysfs-holes
+port $t rxe0 1 "4: ACTIVE" Ethernet
+roce_addr $t rxe0 1 0 fe80:0000:0000:0000:5054:00ff:fe12:3456 eth0
+for i in 2 3 4 5; do gid $t rxe0 1 $i $zero; done
+roce_addr $t rxe0 1 6 0000:0000:0000:0000:0000:ffff:0a4d:0009 eth0
+for i in 8 9; do gid $t rxe0 1 $i $zero; done
 
 # sysfs-empty: the class directory exists but holds no device.
 mkdir -p sysfs-empty/class/infiniband

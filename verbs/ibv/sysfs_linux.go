@@ -1,0 +1,33 @@
+package ibv
+
+import (
+	"bytes"
+
+	"golang.org/x/sys/unix"
+)
+
+// readAttrInto reads the sysfs attribute at path into buf and returns its content
+// without the trailing newline, or ok false if the file cannot be read. It is the GID
+// table's inner loop: a port's table holds every index up to its length (1,024 on rxe),
+// populated or not, so a table read opens that many files. One open, one read and one
+// close per entry, into a caller's buffer, keep that cheap; os.ReadFile would add two
+// fstat calls and an allocation per entry. An attribute longer than buf is cut short,
+// which a caller parsing it sees as malformed.
+func readAttrInto(path string, buf []byte) (_ []byte, ok bool) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	for err == unix.EINTR {
+		fd, err = unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	}
+	if err != nil {
+		return nil, false
+	}
+	defer unix.Close(fd)
+	n, err := unix.Read(fd, buf)
+	for err == unix.EINTR {
+		n, err = unix.Read(fd, buf)
+	}
+	if err != nil || n < 0 {
+		return nil, false
+	}
+	return bytes.TrimSpace(buf[:n]), true
+}
