@@ -82,6 +82,37 @@
 // min(W/2, 511) messages or per half ring of bytes, whichever comes first; the sender
 // sends none, because its data carries the credit back.
 //
+// # Spilling
+//
+// A ring holds only what the peer may write before the application reads, and programs
+// written for TCP count on more: they write a whole request before the peer has
+// accepted or reads, and expect a kernel's worth of buffering. So when its application
+// is not reading, the engine moves buffered bytes out of the ring into memory of its
+// own (unpinned, growing up to a limit) and calls Consume for them: [Endpoint.Spillable]
+// says how many, which is everything buffered, up to the room left, once half the ring
+// or more is buffered. The application later reads the spilled bytes before those
+// still in the ring, which are newer.
+//
+// Spilling is local to the receiver, and the credit protocol does not change: no new
+// message, no new rule, nothing the peer can see but credit arriving sooner. To the
+// Endpoint a spill is a read, and everything above holds for any reader, whenever and
+// however much it reads. What spilling adds is progress toward an application that does
+// not read. A writer blocked on ring space, with everything it sent arrived, has its
+// peer's ring full: the bytes buffered plus the bytes consumed and not yet returned make
+// a whole ring. If at least half is buffered, the engine spills it (while there is room);
+// if less, at least half a ring is consumed and owed, which makes an update due. Either
+// way the writer is freed, until the spill is full: a writer toward an application that
+// stopped reading gets rid of at least what was read, the spill limit and half a ring
+// before it blocks. Spilling from a higher threshold would break this: a reader that
+// reads a little and stops could leave the ring, say, five eighths buffered and three
+// eighths owed, with neither a spill nor an update due.
+//
+// The engine asks Spillable after every data arrival and after every read ends, while
+// no read is in progress; those are the only events that can make it non-zero, so a
+// spill that is due always happens. The model tests check it with receivers that never
+// read and receivers that read a little and stop: the writer gets as far as the rule
+// says, and spilled bytes reach the application exactly once and in order.
+//
 // # A misbehaving peer
 //
 // Nothing the peer sends is trusted. [Endpoint.OnArrival] rejects an immediate that does
@@ -112,7 +143,9 @@
 //
 // On Read(p): [Endpoint.Unread] names the buffered bytes in the ring, in up to two
 // pieces; copy out up to len(p) and [Endpoint.Consume] that many. When nothing is
-// buffered, return io.EOF if [Endpoint.PeerClosed], else wait for data.
+// buffered, return io.EOF if [Endpoint.PeerClosed], else wait for data. When the
+// application is not reading, after an arrival and at the end of every read, spill
+// what [Endpoint.Spillable] hands out (see "Spilling").
 //
 // After each of these, and after [Endpoint.CloseWrite]: post what [Endpoint.NextControl]
 // hands out until it returns false. That sends the FIN once credit allows, and the

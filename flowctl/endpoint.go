@@ -157,6 +157,7 @@ type policy struct {
 	ringUpdate uint64 // returnable ring bytes that make a standalone update due
 	maxWQE     uint64 // WQE credits one immediate may carry
 	maxRing    uint64 // ring units one immediate may carry
+	spillAt    uint64 // buffered bytes from which Spillable hands them out
 }
 
 // NewEndpoint returns the flow-control state of a connection whose own receive side is
@@ -191,6 +192,7 @@ func newEndpoint(local, peer Params) Endpoint {
 			ringUpdate: ring / 2,
 			maxWQE:     MaxImmWQECredits,
 			maxRing:    MaxImmRingCredits,
+			spillAt:    ring / 2,
 		},
 	}
 }

@@ -321,3 +321,73 @@ func fuzzOps(ops ...fuzzOp) []byte {
 	}
 	return b
 }
+
+// TestSpillable: the engine spills from half a ring buffered, up to its room, never
+// after the FIN; spilled bytes are consumed like read ones, so their credit goes back
+// and the writer goes on although nobody reads.
+func TestSpillable(t *testing.T) {
+	const ring = MinRingSize
+	p := Params{RingSize: ring, RecvWQEs: 64}
+	tests := []struct {
+		name     string
+		buffered int  // bytes delivered and not consumed
+		fin      bool // the peer's FIN follows them
+		room     int
+		want     int
+	}{
+		{"nothing buffered", 0, false, 1 << 20, 0},
+		{"below half the ring", ring/2 - 1, false, 1 << 20, 0},
+		{"half the ring", ring / 2, false, 1 << 20, ring / 2},
+		{"a full ring", ring, false, 1 << 20, ring},
+		{"room for part", ring, false, 100, 100},
+		{"no room", ring, false, 0, 0},
+		{"negative room", ring, false, -5, 0},
+		{"after the FIN", ring, true, 1 << 20, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := newTestEndpoint(t, p, p)
+			b := newTestEndpoint(t, p, p)
+			if tt.buffered > 0 {
+				r, err := a.ReserveData(tt.buffered)
+				require.NoError(t, err)
+				deliver(t, b, r.Msgs[:r.Count]...)
+			}
+			if tt.fin {
+				a.CloseWrite()
+				m, ok := a.NextControl()
+				require.True(t, ok)
+				deliver(t, b, m)
+			}
+			if got := b.Spillable(tt.room); got != tt.want {
+				t.Errorf("Spillable(%d) with %d of %d bytes buffered, FIN %v = %d, want %d", tt.room, tt.buffered, ring, tt.fin, got, tt.want)
+			}
+		})
+	}
+
+	// Nobody reads at b: spilling whatever Spillable says keeps a writing forever.
+	a := newTestEndpoint(t, p, p)
+	b := newTestEndpoint(t, p, p)
+	var spilled int
+	for range 100 {
+		r, err := a.ReserveData(ring / 4)
+		require.NoError(t, err)
+		require.Equal(t, ring/4, r.Bytes, "a is blocked after %d bytes, %d spilled", a.prod, spilled)
+		deliver(t, b, r.Msgs[:r.Count]...)
+		if n := b.Spillable(1 << 30); n > 0 {
+			first, second := b.Unread()
+			require.Equal(t, n, first.Len+second.Len, "Spillable hands out everything buffered")
+			require.NoError(t, b.Consume(n))
+			spilled += n
+		}
+		for {
+			m, ok := b.NextControl()
+			if !ok {
+				break
+			}
+			deliver(t, a, m)
+		}
+	}
+	require.Equal(t, uint64(spilled), b.consumed, "the consumer cursor counts the spilled bytes")
+	require.Equal(t, 100*ring/4, spilled+b.Buffered())
+}

@@ -54,6 +54,10 @@ type mSide struct {
 	finIn      bool   // the peer's FIN was reaped
 	keepalives int    // keepalives the idle timer may still send
 	paused     bool   // the application is not reading for now (random runs only)
+	spill      []byte // bytes the engine moved out of the ring, unread, oldest first
+	spillLimit int    // most bytes spill may hold; zero: the engine never spills
+	stopRead   bool   // the application stops reading after readFirst bytes
+	readFirst  uint64
 }
 
 type model struct {
@@ -72,6 +76,9 @@ type modelConfig struct {
 	eagerClose bool      // close in the same step as the last write, not at any later time
 	keepalives int       // keepalives each side may send
 	maxWrite   int       // largest application write (exhaustive runs)
+	spill      [2]int    // each side's spill limit (see mSide)
+	stopRead   [2]bool   // each side's application stops reading after readFirst bytes
+	readFirst  [2]int
 	tweak      func(p *policy)
 }
 
@@ -94,6 +101,8 @@ func newModel(cfg *modelConfig) *model {
 		s.toWrite = cfg.total[i]
 		s.close = cfg.close[i]
 		s.keepalives = cfg.keepalives
+		s.spillLimit = cfg.spill[i]
+		s.stopRead, s.readFirst = cfg.stopRead[i], uint64(cfg.readFirst[i])
 	}
 	return m
 }
@@ -105,6 +114,7 @@ func (m *model) clone() *model {
 		s.ring = append([]byte(nil), s.ring...)
 		s.occ = append([]bool(nil), s.occ...)
 		s.cq = append([]mMsg(nil), s.cq...)
+		s.spill = append([]byte(nil), s.spill...)
 	}
 	return &c
 }
@@ -117,6 +127,7 @@ const (
 	actRead                     // side's application reads n bytes
 	actClose                    // side's application calls CloseWrite
 	actKeepalive                // side's idle timer sends a keepalive
+	actSpill                    // side's engine moves what Spillable says out of the ring
 )
 
 type action struct {
@@ -126,7 +137,7 @@ type action struct {
 }
 
 func (a action) String() string {
-	name := [...]string{"reap", "write", "read", "close", "keepalive"}[a.kind]
+	name := [...]string{"reap", "write", "read", "close", "keepalive", "spill"}[a.kind]
 	if a.kind == actWrite || a.kind == actRead {
 		return fmt.Sprintf("%d:%s(%d)", a.side, name, a.n)
 	}
@@ -152,8 +163,15 @@ func (m *model) actions(acts []action) []action {
 	}
 	for i := range 2 {
 		s := &m.side[i]
-		if b := s.ep.Buffered(); b > 0 && !s.paused {
-			acts = append(acts, action{actRead, i, b})
+		b := uint64(s.ep.Buffered() + len(s.spill))
+		if s.stopRead {
+			b = min(b, s.readFirst-s.read)
+		}
+		if b > 0 && !s.paused {
+			acts = append(acts, action{actRead, i, int(b)})
+		}
+		if s.ep.Spillable(s.spillLimit-len(s.spill)) > 0 {
+			acts = append(acts, action{actSpill, i, 0})
 		}
 		if len(s.cq) > 0 {
 			acts = append(acts, action{actReap, i, 0})
@@ -222,28 +240,40 @@ func (m *model) step(a action) error {
 			s.closed = true
 		}
 	case actRead:
-		first, second := s.ep.Unread()
-		if first.Len+second.Len != s.ep.Buffered() {
-			return fmt.Errorf("side %d: Unread() = %v, %v for %d bytes buffered", i, first, second, s.ep.Buffered())
-		}
+		// The engine's Read: spilled bytes first, as they are older, then the ring.
 		n := a.n
-		for _, p := range [2]Piece{first, second} {
-			for k := 0; k < p.Len && n > 0; k++ {
-				pos := p.Off + k
-				if !s.occ[pos] {
-					return fmt.Errorf("side %d: reads ring offset %d, which holds no data", i, pos)
-				}
-				if got, want := s.ring[pos], pattern(1-i, s.read); got != want {
-					return fmt.Errorf("side %d: stream byte %d is %#x, want %#x", i, s.read, got, want)
-				}
-				s.occ[pos] = false
-				s.read++
-				n--
+		fromSpill := min(n, len(s.spill))
+		for _, b := range s.spill[:fromSpill] {
+			if want := pattern(1-i, s.read); b != want {
+				return fmt.Errorf("side %d: spilled stream byte %d is %#x, want %#x", i, s.read, b, want)
 			}
+			s.read++
 		}
-		if err := s.ep.Consume(a.n); err != nil {
-			return fmt.Errorf("side %d: Consume(%d): %w", i, a.n, err)
+		s.spill = s.spill[fromSpill:]
+		n -= fromSpill
+		if n > 0 && len(s.spill) > 0 {
+			return fmt.Errorf("side %d: reads the ring with %d bytes spilled", i, len(s.spill))
 		}
+		got, err := s.takeRing(i, n)
+		if err != nil {
+			return err
+		}
+		for _, b := range got {
+			if want := pattern(1-i, s.read); b != want {
+				return fmt.Errorf("side %d: stream byte %d is %#x, want %#x", i, s.read, b, want)
+			}
+			s.read++
+		}
+	case actSpill:
+		n := s.ep.Spillable(s.spillLimit - len(s.spill))
+		if n <= 0 || len(s.spill)+n > s.spillLimit {
+			return fmt.Errorf("side %d: Spillable(%d) = %d", i, s.spillLimit-len(s.spill), n)
+		}
+		got, err := s.takeRing(i, n)
+		if err != nil {
+			return err
+		}
+		s.spill = append(s.spill, got...)
 	case actClose:
 		s.ep.CloseWrite()
 		s.closed = true
@@ -270,6 +300,30 @@ func (m *model) step(a action) error {
 		}
 	}
 	return fmt.Errorf("side %d: NextControl never stops", i)
+}
+
+// takeRing copies the first n buffered bytes out of side i's ring, where Unread says
+// they are, and consumes them, as the engine's Read and spill do.
+func (s *mSide) takeRing(i, n int) ([]byte, error) {
+	first, second := s.ep.Unread()
+	if first.Len+second.Len != s.ep.Buffered() {
+		return nil, fmt.Errorf("side %d: Unread() = %v, %v for %d bytes buffered", i, first, second, s.ep.Buffered())
+	}
+	var got []byte
+	for _, p := range [2]Piece{first, second} {
+		for k := 0; k < p.Len && len(got) < n; k++ {
+			pos := p.Off + k
+			if !s.occ[pos] {
+				return nil, fmt.Errorf("side %d: reads ring offset %d, which holds no data", i, pos)
+			}
+			got = append(got, s.ring[pos])
+			s.occ[pos] = false
+		}
+	}
+	if err := s.ep.Consume(n); err != nil {
+		return nil, fmt.Errorf("side %d: Consume(%d): %w", i, n, err)
+	}
+	return got, nil
 }
 
 // post delivers a message from side i to its peer's completion queue.
@@ -336,8 +390,13 @@ func (m *model) check() error {
 		if s.prod-s.granted > x.ring {
 			return fmt.Errorf("%s: %d bytes outstanding in a ring of %d", dir, s.prod-s.granted, x.ring)
 		}
-		if rcvr.read != x.consumed {
-			return fmt.Errorf("%s: application read %d, consumer cursor %d", dir, rcvr.read, x.consumed)
+		// Spilling is receiver-local: the consumer cursor counts the bytes the
+		// application read and the bytes waiting for it in spill, nothing else.
+		if rcvr.read+uint64(len(rcvr.spill)) != x.consumed {
+			return fmt.Errorf("%s: application read %d, %d spilled, consumer cursor %d", dir, rcvr.read, len(rcvr.spill), x.consumed)
+		}
+		if len(rcvr.spill) > rcvr.spillLimit {
+			return fmt.Errorf("%s: %d bytes spilled, limit %d", dir, len(rcvr.spill), rcvr.spillLimit)
 		}
 		occ := 0
 		for _, o := range rcvr.occ {
@@ -356,6 +415,23 @@ func (m *model) check() error {
 func (m *model) done() error {
 	for i := range 2 {
 		s, peer := &m.side[i], &m.side[1-i]
+		if peer.stopRead {
+			// The peer's application stops reading: the writer gets rid of everything, or
+			// of at least what was read, the peer's spill limit and half its ring, and
+			// stops only with the spill full.
+			switch absorbed := peer.read + uint64(peer.spillLimit+len(peer.ring)/2); {
+			case peer.read < min(peer.readFirst, s.written):
+				return fmt.Errorf("deadlock: side %d read %d of the first %d bytes", 1-i, peer.read, peer.readFirst)
+			case s.toWrite != 0 && (len(peer.spill) < peer.spillLimit || s.written < absorbed):
+				return fmt.Errorf("deadlock: side %d stopped after %d bytes toward a side that stopped reading after %d, with %d spilled of %d (want at least %d written)",
+					i, s.written, peer.read, len(peer.spill), peer.spillLimit, absorbed)
+			case s.toWrite == 0 && s.close && !peer.finIn:
+				return fmt.Errorf("deadlock: side %d's FIN never arrived (pending %v, credit %d)", i, s.ep.FINPending(), s.ep.credit())
+			case len(s.cq) != 0:
+				return fmt.Errorf("messages left in flight at side %d", i)
+			}
+			continue
+		}
 		switch {
 		case s.toWrite != 0:
 			return fmt.Errorf("deadlock: side %d has %d bytes it cannot write (credit %d, free %d)", i, s.toWrite, s.ep.credit(), s.ep.free())
@@ -378,7 +454,7 @@ func (m *model) key(h *maphash.Hash, b []byte) (uint64, []byte) {
 		s := &m.side[i]
 		e := &s.ep
 		b = appendKey(b, e.prod, e.granted, e.sent, e.wqeLimit, e.arrived, e.consumed, e.returned, e.reaped, e.wqeReturned,
-			s.toWrite, uint64(s.keepalives), uint64(len(s.cq)))
+			s.toWrite, uint64(s.keepalives), uint64(len(s.cq)), uint64(len(s.spill)), s.read)
 		b = append(b, flags(e.finRequested, e.finSent, e.peerFIN, s.closed, s.finIn))
 		for _, msg := range s.cq {
 			b = appendKey(b, uint64(msg.off), uint64(msg.n), uint64(msg.imm))
@@ -505,6 +581,17 @@ func exhaustiveConfigs() []*modelConfig {
 			tweak: func(p *policy) { p.maxWQE, p.maxRing = p.wqeUpdate, 1 }},
 		{name: "both ways, 2-byte ring units", ring: [2]int{8, 8}, wqes: [2]int{4, 4}, unitShift: [2]uint{1, 1},
 			total: [2]uint64{6, 2}, close: [2]bool{true, false}, maxWrite: 3},
+		// Spilling: the engine moves bytes out of the ring when its application is not
+		// reading. Toward a side that never reads, the writer gets rid of the spill
+		// limit plus at least half a ring; with readers, spilled bytes arrive in order.
+		{name: "spill: one way to a side that never reads", ring: [2]int{4, 4}, wqes: [2]int{4, 4},
+			total: [2]uint64{12, 0}, spill: [2]int{0, 5}, stopRead: [2]bool{false, true}, maxWrite: 3},
+		{name: "spill: one way to a side that reads 3 bytes, then stops", ring: [2]int{8, 8}, wqes: [2]int{4, 4},
+			total: [2]uint64{16, 0}, spill: [2]int{0, 3}, stopRead: [2]bool{false, true}, readFirst: [2]int{0, 3}, maxWrite: 3},
+		{name: "spill: never read, the spill holds it all, FIN", ring: [2]int{4, 4}, wqes: [2]int{4, 4},
+			total: [2]uint64{7, 0}, spill: [2]int{0, 8}, stopRead: [2]bool{false, true}, close: [2]bool{true, false}, maxWrite: 3},
+		{name: "spill: both ways while reading", ring: [2]int{4, 4}, wqes: [2]int{4, 4},
+			total: [2]uint64{4, 2}, spill: [2]int{2, 3}, close: [2]bool{true, true}, eagerClose: true, maxWrite: 2},
 	}
 	if *deep {
 		cfgs = append(cfgs,
@@ -556,10 +643,18 @@ func TestModelFindsBrokenRules(t *testing.T) {
 		{"ring update only past a full ring", func(p *policy) { p.ringUpdate = 2 * 4 }, "deadlock"},
 		// A sender blocked on WQEs may be owed only W minus the reserve.
 		{"WQE update above W minus the reserve", func(p *policy) { p.wqeUpdate = 3 }, "deadlock"},
+		// Toward a side that read a little and stopped, a writer blocked on a ring
+		// less than fully buffered may be owed less than the half ring that makes an
+		// update due.
+		{"spill only from a full ring", func(p *policy) { p.spillAt = 8 }, "deadlock"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := base
+			if strings.HasPrefix(tt.name, "spill") {
+				cfg.ring, cfg.total, cfg.maxWrite = [2]int{8, 8}, [2]uint64{16, 0}, 3
+				cfg.spill, cfg.stopRead, cfg.readFirst = [2]int{0, 3}, [2]bool{false, true}, [2]int{0, 3}
+			}
 			cfg.name, cfg.tweak = tt.name, tt.tweak
 			_, err := explore(&cfg, 200, 1_000_000)
 			require.Error(t, err, "the search found nothing wrong")
@@ -645,6 +740,13 @@ func randomConfig(rng *rand.Rand) *modelConfig {
 		}
 		cfg.total[i] = uint64(rng.IntN(1 + 8*cfg.ring[i]))
 		cfg.close[i] = rng.IntN(2) == 0
+		if rng.IntN(2) == 0 {
+			cfg.spill[i] = rng.IntN(1 + 4*cfg.ring[i])
+		}
+	}
+	if rng.IntN(6) == 0 {
+		i := rng.IntN(2) // a side that stops reading
+		cfg.stopRead[i], cfg.readFirst[i] = true, rng.IntN(1+2*cfg.ring[i])
 	}
 	if rng.IntN(4) == 0 {
 		cfg.total[rng.IntN(2)] = 0 // one way

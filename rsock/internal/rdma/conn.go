@@ -17,10 +17,12 @@ import (
 //
 // Locking: rmu serializes readers and wmu writers; each is held across the whole call,
 // including waits, so that concurrent Reads or Writes do not interleave. mu guards the
-// flow-control state, the send queue and staging accounting, and posting (flowctl
-// requires messages to be posted in the order it hands them out); it is never held
-// across a wait. Copies out of the ring happen outside mu: the bytes stay put until
-// Consume releases them.
+// flow-control state, the send queue and staging accounting, the spill buffer, and
+// posting (flowctl requires messages to be posted in the order it hands them out); it
+// is never held across a wait. Copies out of the ring and the spill buffer happen
+// outside mu: while a Read is in progress (reading), nothing spills, and the bytes stay
+// put until the Read consumes them. Spilling copies into the spill buffer with mu held,
+// on the poller's goroutine or at the end of a Read.
 type Conn struct {
 	ep   *Endpoint
 	qp   verbs.QP
@@ -60,6 +62,13 @@ type Conn struct {
 	closing     bool // Close was called
 	recvWR      [1]verbs.RecvWR
 	ring        []byte
+
+	// Receive buffering beyond the ring (conn_spill.go, "Buffering" in doc.go).
+	spill    spillBuf
+	spillMax int    // most bytes spill may hold
+	reading  bool   // a Read or WriteTo is in progress: nothing may spill
+	spilled  uint64 // bytes ever moved out of the ring into spill
+	linger   time.Duration
 
 	readable chan struct{} // cap 1: data, FIN or failure arrived
 	writable chan struct{} // cap 1: credit, staging or SQ space arrived, or failure
@@ -111,6 +120,8 @@ func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) 
 		inline:       ep.inline, // the sender's QP decides what goes inline
 		maxChunk:     max(ep.opts.SendBufferSize/4, 1),
 		ring:         ep.ring.Bytes(),
+		spillMax:     ep.opts.ReadBufferSize,
+		linger:       ep.opts.Linger,
 		readable:     make(chan struct{}, 1),
 		writable:     make(chan struct{}, 1),
 		drained:      make(chan struct{}, 1),

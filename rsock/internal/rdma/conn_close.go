@@ -3,6 +3,7 @@ package rdma
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"time"
 )
@@ -14,14 +15,9 @@ import (
 // means the peer process died, and fails the Conn.
 var ctrlKeepalive = [1]byte{'K'}
 
-const (
-	// closeGrace is how long after the control channel closes the peer's FIN may still
-	// be on its way through our poller.
-	closeGrace = 500 * time.Millisecond
-	// drainTimeout bounds how long Close waits for posted writes and its FIN to
-	// complete. Only a peer that stopped responding makes it wait that long.
-	drainTimeout = 5 * time.Second
-)
+// closeGrace is how long after the control channel closes the peer's FIN may still be
+// on its way through our poller.
+const closeGrace = 500 * time.Millisecond
 
 // CloseWrite sends a FIN after all data written so far: the peer reads io.EOF after the
 // bytes. Later Writes fail. Reads are unaffected.
@@ -40,8 +36,15 @@ func (c *Conn) CloseWrite() error {
 }
 
 // Close unblocks pending Reads and Writes, sends a FIN if none was sent, waits for every
-// posted write to complete (so each byte Write reported is in the peer's ring), then
-// tears down the control channel, the QP and the registered memory.
+// posted write and the FIN to complete (so each byte Write reported is in the peer's
+// ring, and the peer will read them and then io.EOF), then tears down the control
+// channel, the QP and the registered memory, and drops unread bytes.
+//
+// The wait does not depend on the peer's application: the peer's engine takes the bytes
+// whether or not anyone reads them (see "Buffering" in the package docs), so it lasts
+// one round trip. Only a peer whose device stopped answering makes it last up to the
+// linger time (Options.Linger); then Close tears down anyway, and the peer, which has
+// not received the FIN, reads an error after the bytes that did arrive, never io.EOF.
 func (c *Conn) Close() error {
 	c.closeOnce.Do(func() { c.closeErr = c.close() })
 	return c.closeErr
@@ -62,6 +65,11 @@ func (c *Conn) close() error {
 		ka.Stop()
 	}
 	c.drain()
+	c.mu.Lock()
+	if !c.reading {
+		c.spill.release() // else the Read in progress releases it when it ends
+	}
+	c.mu.Unlock()
 
 	err := ignoreClosed(c.ctrl.Close())
 	c.startOnce.Do(func() { close(c.ctrlDone) }) // never started: no reader to wait for
@@ -82,6 +90,9 @@ func (c *Conn) Abandon() error {
 	c.closeOnce.Do(func() {
 		c.mu.Lock()
 		c.closing = true
+		if !c.reading {
+			c.spill.release()
+		}
 		c.mu.Unlock()
 		close(c.closed)
 		err = c.teardown()
@@ -103,8 +114,11 @@ func (c *Conn) teardown() error {
 }
 
 // drain waits until the FIN has been posted and has completed (and with it, in order,
-// every write before it), the Conn fails, the peer is gone, or drainTimeout passes.
+// every write before it), the Conn fails, the peer is gone, or the linger time passes.
 func (c *Conn) drain() {
+	if c.linger < 0 {
+		return
+	}
 	var timeout <-chan time.Time
 	for {
 		c.mu.Lock()
@@ -114,7 +128,7 @@ func (c *Conn) drain() {
 			return
 		}
 		if timeout == nil {
-			t := time.NewTimer(drainTimeout)
+			t := time.NewTimer(c.linger)
 			defer t.Stop()
 			timeout = t.C
 		}
@@ -191,7 +205,12 @@ func (c *Conn) controlLost(err error) {
 	if c.fc.PeerClosed() {
 		return
 	}
+	// A control channel that ended cleanly (io.EOF) is not wrapped: the stream did not
+	// end cleanly, and errors.Is(err, io.EOF) must not say it did.
 	lost := fmt.Errorf("%w: %w", ErrControlLost, err)
+	if errors.Is(err, io.EOF) {
+		lost = fmt.Errorf("%w: closed by the peer before its FIN arrived", ErrControlLost)
+	}
 	c.graceTimer = time.AfterFunc(closeGrace, func() {
 		c.mu.Lock()
 		defer c.mu.Unlock()

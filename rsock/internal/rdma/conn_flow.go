@@ -47,6 +47,9 @@ func (c *Conn) onRecv(wc *verbs.WorkCompletion) {
 		c.failLocked(protocolError(err))
 		return
 	}
+	if a.Len > 0 {
+		c.spillLocked()
+	}
 	if a.Len > 0 || c.fc.PeerClosed() {
 		signal(c.readable)
 	}

@@ -6,7 +6,8 @@ import (
 	"os"
 )
 
-// Read copies bytes out of the receive ring. It returns buffered bytes even after the
+// Read copies buffered bytes into p: first those spilled out of the ring, which are the
+// older, then those still in the ring. It returns buffered bytes even after the
 // connection failed, so nothing that arrived is lost; then io.EOF after the peer's FIN,
 // or the failure.
 func (c *Conn) Read(p []byte) (int, error) {
@@ -17,79 +18,109 @@ func (c *Conn) Read(p []byte) (int, error) {
 	}
 	for {
 		if isClosed(c.rdl.wait()) {
+			c.consume(0, 0, true)
 			return 0, os.ErrDeadlineExceeded
 		}
-		first, second, err := c.unread()
+		v, err := c.unread()
 		if err != nil {
+			c.consume(0, 0, true)
 			return 0, err
 		}
-		if first.Len > 0 {
-			// The bytes stay put until Consume: copy without holding mu.
-			n := copy(p, c.ring[first.Off:first.Off+first.Len])
-			if n < len(p) && second.Len > 0 {
-				n += copy(p[n:], c.ring[:second.Len])
+		if v.empty() {
+			if err := c.waitReadable(); err != nil {
+				c.consume(0, 0, true)
+				return 0, err
 			}
-			c.consume(n)
-			return n, nil
+			continue
 		}
-		if err := c.waitReadable(); err != nil {
-			return 0, err
+		// Nothing moves the bytes while this Read is in progress: copy without mu.
+		n := c.spill.copyOut(p[:min(len(p), v.spilled)])
+		m := 0
+		if n == v.spilled && n < len(p) {
+			m = copy(p[n:], c.ring[v.first.Off:v.first.Off+v.first.Len])
+			if n+m < len(p) && v.second.Len > 0 {
+				m += copy(p[n+m:], c.ring[:v.second.Len])
+			}
 		}
+		c.consume(n, m, true)
+		return n + m, nil
 	}
 }
 
-// WriteTo writes the ring's bytes straight to w, without an intermediate buffer, until
-// the peer's FIN (returning nil) or an error.
+// WriteTo writes the buffered bytes straight to w, spilled ones and then the ring's,
+// without an intermediate buffer, until the peer's FIN (returning nil) or an error.
 func (c *Conn) WriteTo(w io.Writer) (int64, error) {
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
 	var total int64
 	for {
 		if isClosed(c.rdl.wait()) {
+			c.consume(0, 0, true)
 			return total, os.ErrDeadlineExceeded
 		}
-		first, second, err := c.unread()
+		v, err := c.unread()
 		if err == io.EOF {
+			c.consume(0, 0, true)
 			return total, nil
 		}
 		if err != nil {
+			c.consume(0, 0, true)
 			return total, err
 		}
-		if first.Len == 0 {
+		if v.empty() {
 			if err := c.waitReadable(); err != nil {
+				c.consume(0, 0, true)
 				return total, err
 			}
 			continue
 		}
-		n, werr := w.Write(c.ring[first.Off : first.Off+first.Len])
-		if werr == nil && second.Len > 0 {
-			var m int
-			m, werr = w.Write(c.ring[:second.Len])
-			n += m
+		var n, m int
+		var werr error
+		if v.spilled > 0 {
+			n, werr = w.Write(c.spill.peek())
+		} else {
+			m, werr = w.Write(c.ring[v.first.Off : v.first.Off+v.first.Len])
+			if werr == nil && v.second.Len > 0 {
+				var k int
+				k, werr = w.Write(c.ring[:v.second.Len])
+				m += k
+			}
 		}
-		c.consume(n)
-		total += int64(n)
+		total += int64(n + m)
 		if werr != nil {
+			c.consume(n, m, true)
 			return total, werr
 		}
+		c.consume(n, m, false)
 	}
 }
 
 type piece struct{ Off, Len int }
 
-// unread returns the unread bytes as ring pieces, or, when there are none, the
-// reason no more will come (io.EOF, a failure, net.ErrClosed), or nothing to wait.
-func (c *Conn) unread() (first, second piece, err error) {
+// unreadView is what a Read may copy out: spilled bytes, then ring pieces.
+type unreadView struct {
+	spilled       int
+	first, second piece
+}
+
+func (v unreadView) empty() bool { return v.spilled == 0 && v.first.Len == 0 }
+
+// unread marks a read in progress (so nothing is spilled under it) and returns the
+// buffered bytes, or, when there are none, the reason no more will come (io.EOF, a
+// failure, net.ErrClosed), or nothing to wait.
+func (c *Conn) unread() (unreadView, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closing {
-		return first, second, net.ErrClosed
+		return unreadView{}, net.ErrClosed
 	}
+	c.reading = true
 	f, s := c.fc.Unread()
-	if f.Len > 0 {
-		return piece(f), piece(s), nil
+	v := unreadView{spilled: c.spill.len(), first: piece(f), second: piece(s)}
+	if !v.empty() {
+		return v, nil
 	}
-	return first, second, c.readErrLocked()
+	return v, c.readErrLocked()
 }
 
 func (c *Conn) readErr() error {
@@ -112,16 +143,54 @@ func (c *Conn) readErrLocked() error {
 	return nil
 }
 
-// consume releases n bytes the application has taken and sends any credit update now
-// due.
-func (c *Conn) consume(n int) {
+// consume releases the bytes the application has taken, fromSpill out of the spill
+// buffer and then fromRing out of the ring, and sends any credit update now due. done
+// ends the read in progress: what arrived meanwhile may be spilled now.
+func (c *Conn) consume(fromSpill, fromRing int, done bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err := c.fc.Consume(n); err != nil {
-		c.failLocked(err) // cannot happen: n ≤ what Unread returned
+	if done {
+		c.reading = false
+	}
+	if c.closing {
+		if done {
+			c.spill.release() // Close left it to this Read
+		}
 		return
 	}
+	c.spill.discard(fromSpill)
+	if err := c.fc.Consume(fromRing); err != nil {
+		c.failLocked(err) // cannot happen: fromRing ≤ what Unread returned
+		return
+	}
+	c.spillLocked()
 	c.postControlLocked()
+}
+
+// spillLocked moves buffered bytes out of the ring into the spill buffer, as many as
+// flowctl's Spillable says, unless a read is in progress. Their ring credit then goes
+// back to the peer with the next message or update, so a writer keeps going although
+// the application does not read, until the spill buffer is full (see "Buffering" in the
+// package docs). Called with mu held, after every data arrival and at the end of every
+// read.
+func (c *Conn) spillLocked() {
+	if c.reading || c.err != nil {
+		return
+	}
+	n := c.fc.Spillable(c.spillMax - c.spill.len())
+	if n == 0 {
+		return
+	}
+	f, s := c.fc.Unread()
+	m := min(n, f.Len)
+	c.spill.write(c.ring[f.Off : f.Off+m])
+	if n > m {
+		c.spill.write(c.ring[s.Off : s.Off+n-m])
+	}
+	if err := c.fc.Consume(n); err != nil {
+		c.failLocked(err) // cannot happen: n ≤ what Unread returned
+	}
+	c.spilled += uint64(n)
 }
 
 // waitReadable waits until something arrives, the read deadline passes, or the Conn

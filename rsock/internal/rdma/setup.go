@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/bits"
 	"net/netip"
+	"time"
 
 	"github.com/rsockio/rsock/verbs"
 )
@@ -31,6 +32,14 @@ type Options struct {
 	// PollSpin is how many empty polls a poller makes, yielding between them, before it
 	// sleeps on the completion channel. Default 64; negative means never spin.
 	PollSpin int
+	// ReadBufferSize is how many bytes a Conn holds in unpinned memory, beyond its ring,
+	// for an application that is not reading (see "Buffering" in the package docs).
+	// Default 4 MiB; negative means none: the ring alone buffers.
+	ReadBufferSize int
+	// Linger bounds how long Close waits for the bytes Write accepted, and the FIN
+	// after them, to be acknowledged by the peer (see "Closing" in the package docs).
+	// Default 5 s; negative means Close does not wait.
+	Linger time.Duration
 }
 
 // Defaults. An idle connection holds RingSize+SendBufferSize = 192 KiB of registered
@@ -42,6 +51,10 @@ const (
 	DefaultSendWQEs       = 64
 	DefaultCQSize         = 16384
 	DefaultPollSpin       = 64
+	DefaultReadBufferSize = 4 << 20
+	DefaultLinger         = 5 * time.Second
+	// MaxReadBufferSize bounds ReadBufferSize: 1 GiB.
+	MaxReadBufferSize = 1 << 30
 )
 
 func (o Options) withDefaults() Options {
@@ -56,8 +69,15 @@ func (o Options) withDefaults() Options {
 	def(&o.SendWQEs, DefaultSendWQEs)
 	def(&o.CQSize, DefaultCQSize)
 	def(&o.PollSpin, DefaultPollSpin)
+	def(&o.ReadBufferSize, DefaultReadBufferSize)
 	if o.PollSpin < 0 {
 		o.PollSpin = 0
+	}
+	if o.ReadBufferSize < 0 {
+		o.ReadBufferSize = 0
+	}
+	if o.Linger == 0 {
+		o.Linger = DefaultLinger
 	}
 	return o
 }
@@ -72,6 +92,8 @@ func (o Options) validate() error {
 		return fmt.Errorf("%d receive WQEs is below the minimum of %d", o.RecvWQEs, MinRecvWQEs)
 	case o.SendWQEs < 4:
 		return fmt.Errorf("send queue depth %d is below 4", o.SendWQEs)
+	case o.ReadBufferSize > MaxReadBufferSize:
+		return fmt.Errorf("read buffer of %d bytes is above %d", o.ReadBufferSize, MaxReadBufferSize)
 	}
 	return nil
 }

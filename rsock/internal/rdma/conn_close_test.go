@@ -1,0 +1,73 @@
+package rdma
+
+import (
+	"bytes"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rsockio/rsock/verbs/soft"
+)
+
+// TestCloseBeforePeerReads: Close and CloseWrite return although the peer has not read
+// a byte, and the peer later reads every byte Write accepted, then io.EOF; after a
+// CloseWrite the other direction still works.
+func TestCloseBeforePeerReads(t *testing.T) {
+	for _, half := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Close", true: "CloseWrite"}[half], func(t *testing.T) {
+			f := soft.New(soft.Options{})
+			a, b := connPair(t, f, Options{})
+			msg := streamBytes(7, 1<<20)
+			_, err := a.Write(msg)
+			require.NoError(t, err)
+			if half {
+				require.NoError(t, a.CloseWrite())
+			} else {
+				require.NoError(t, a.Close())
+			}
+			got, err := io.ReadAll(b)
+			require.NoError(t, err)
+			require.True(t, bytes.Equal(msg, got), "stream differs: %d bytes of %d", len(got), len(msg))
+			if half {
+				_, err := b.Write([]byte("reply"))
+				require.NoError(t, err)
+				reply := make([]byte, 5)
+				_, err = io.ReadFull(a, reply)
+				require.NoError(t, err)
+				require.Equal(t, "reply", string(reply))
+				require.NoError(t, a.Close())
+			}
+			require.NoError(t, b.Close())
+			requireReleased(t, f)
+		})
+	}
+}
+
+// TestCloseLingerBound: when the peer's device does not acknowledge (here every request
+// is held back for an hour), Close gives up after the linger time, and the peer reads
+// the bytes that did arrive and then an error, never io.EOF.
+func TestCloseLingerBound(t *testing.T) {
+	f := soft.New(soft.Options{})
+	a, b := connPair(t, f, Options{Linger: 20 * time.Millisecond})
+	first := streamBytes(8, 10<<10)
+	_, err := a.Write(first)
+	require.NoError(t, err)
+	got := make([]byte, len(first))
+	_, err = io.ReadFull(b, got)
+	require.NoError(t, err)
+	require.Equal(t, first, got)
+
+	require.NoError(t, f.DelayQP(a.qp, time.Hour))
+	_, err = a.Write(streamBytes(9, 10<<10))
+	require.NoError(t, err)
+	require.NoError(t, a.Close(), "only the linger time can end this Close")
+
+	n, err := b.Read(got)
+	require.Error(t, err, "read %d bytes after the last that arrived", n)
+	require.NotErrorIs(t, err, io.EOF, "the peer sees a clean end of a truncated stream")
+	require.ErrorIs(t, err, ErrControlLost)
+	require.NoError(t, b.Close())
+	requireReleased(t, f)
+}
