@@ -412,21 +412,12 @@ func TestPlainClientWriteTo(t *testing.T) {
 // on soft RDMA, and on the default provider: RDMA over a real device where there is
 // one (built with -tags rdma), else TCP again.
 func TestCloseBeforeReading(t *testing.T) {
-	_, noDefault := defaultProvider()
-	tests := []struct {
-		name, transport string
-		provider        func(fab *soft.Fabric, scfg, ccfg *Config)
-	}{
-		{"tcp", TransportTCP, func(_ *soft.Fabric, scfg, ccfg *Config) { scfg.DisableRDMA, ccfg.DisableRDMA = true, true }},
-		{"soft", TransportRDMA, func(fab *soft.Fabric, scfg, ccfg *Config) { scfg.Provider, ccfg.Provider = fab, fab }},
-		{"default", map[bool]string{true: TransportRDMA, false: TransportTCP}[noDefault == nil], func(*soft.Fabric, *Config, *Config) {}},
-	}
-	for _, tt := range tests {
+	for _, tt := range providerCases() {
 		t.Run(tt.name, func(t *testing.T) {
 			tr := tt.transport
 			scfg, ccfg := configs(t, FallbackTCP)
 			fab := soft.New(soft.Options{})
-			tt.provider(fab, scfg, ccfg)
+			tt.setup(fab, scfg, ccfg)
 			ln := listen(t, scfg)
 			payload := make([]byte, 256<<10)
 			for i := range 20 {
