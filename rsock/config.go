@@ -10,6 +10,7 @@ import (
 
 	"github.com/quic-go/quic-go"
 
+	"github.com/rsockio/rsock/rsock/internal/rdma"
 	"github.com/rsockio/rsock/verbs"
 )
 
@@ -47,6 +48,8 @@ const (
 	DefaultMaxConcurrentHandshakes = 128
 	DefaultKeepAlive               = 15 * time.Second
 	DefaultPlainSniffTimeout       = 200 * time.Millisecond
+	DefaultReadBufferSize          = rdma.DefaultReadBufferSize
+	DefaultLinger                  = rdma.DefaultLinger
 )
 
 // Config configures Listen, Dial and Dialer. A nil *Config, and each zero field, means
@@ -127,6 +130,24 @@ type Config struct {
 	// PollSpin is how many empty completion-queue polls the engine makes, yielding
 	// between them, before it sleeps on the completion channel. Negative never spins.
 	PollSpin int
+	// ReadBufferSize is how many bytes a connection buffers in ordinary (unpinned)
+	// memory, beyond its receive ring, while its application is not reading: what TCP
+	// keeps in the kernel's socket buffers. A peer's writes go on until the ring and
+	// this buffer are full, whether or not this side has called Accept or Read, so
+	// programs written for TCP (write a whole request, then read) do not block early
+	// or deadlock. The buffer grows only as bytes wait in it and shrinks as they are
+	// read. At most 1 GiB; negative means none, the ring alone buffers. Default
+	// DefaultReadBufferSize, 4 MiB, which absorbs what TCP absorbs on loopback with
+	// Linux's defaults.
+	ReadBufferSize int
+	// Linger bounds how long Close waits for the peer's device to acknowledge the
+	// bytes Write accepted and the end of stream after them, like SO_LINGER. The wait
+	// does not depend on the peer's application reading (the peer buffers, see
+	// ReadBufferSize): it is one round trip unless the peer's machine stops answering.
+	// Past it, the connection is torn down, and the peer reads the bytes that arrived
+	// and then an error, never a clean io.EOF. Negative means Close does not wait.
+	// Default DefaultLinger.
+	Linger time.Duration
 }
 
 // resolve returns a copy of c (nil for defaults) with defaults filled in, or an error if
@@ -161,8 +182,12 @@ func (c *Config) resolve() (*Config, error) {
 		return nil, fmt.Errorf("negative MaxConcurrentHandshakes %d", r.MaxConcurrentHandshakes)
 	case r.RingSize != 0 && (r.RingSize < 1<<minRingLog2 || r.RingSize > 1<<maxRingLog2 || bits.OnesCount(uint(r.RingSize)) != 1):
 		return nil, fmt.Errorf("RingSize %d is not a power of two from 4 KiB to 1 GiB", r.RingSize)
-	case r.SendBufferSize < 0 || r.RecvWQEs < 0:
-		return nil, errors.New("negative RDMA buffer size")
+	case r.SendBufferSize < 0:
+		return nil, fmt.Errorf("negative SendBufferSize %d", r.SendBufferSize)
+	case r.RecvWQEs < 0:
+		return nil, fmt.Errorf("negative RecvWQEs %d", r.RecvWQEs)
+	case r.ReadBufferSize > rdma.MaxReadBufferSize:
+		return nil, fmt.Errorf("ReadBufferSize %d is above 1 GiB", r.ReadBufferSize)
 	}
 	return r, nil
 }

@@ -37,6 +37,27 @@
 // On TCP, a Conn's Read and Write call the [net.TCPConn] directly, and io.Copy to or
 // from a Conn keeps the kernel's splice and sendfile paths.
 //
+// # Buffering and closing
+//
+// A Conn buffers like a TCP socket, whatever carries it. Over RDMA, the peer writes
+// into a small registered ring ([Config.RingSize]), and when the application is not
+// reading, the engine moves arrived bytes out of the ring into ordinary memory, up to
+// [Config.ReadBufferSize] (4 MiB by default), so that the peer's writes go on: a client
+// may write a whole request before the server has accepted or read, and both sides may
+// write a large message before reading the other's, as over TCP. A writer whose peer
+// does not read gets rid of at least ReadBufferSize plus half the ring before Write
+// blocks, about what TCP absorbs on loopback with Linux's defaults. Only bytes that
+// wait for a reader are copied twice; a reader that keeps up reads them straight out of
+// the ring. Registered (pinned) memory stays the ring and the send staging buffer.
+//
+// Close returns without waiting for the peer's application: the bytes Write accepted
+// and the end of stream after them are already in the peer's buffers once the peer's
+// device acknowledges them, one round trip. A peer that reads them later reads them
+// all and then io.EOF. Only when the peer's machine stops answering does Close wait,
+// at most [Config.Linger] (5 s by default), before tearing the connection down; the peer
+// then reads what arrived followed by an error, never a clean io.EOF after a truncated
+// stream. CloseWrite sends the end of stream and returns at once.
+//
 // # Fallback reasons and errors
 //
 // [Conn.FallbackReason] returns a [*FallbackError] that matches, with [errors.Is], one

@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"math/rand/v2"
 	"net"
 	"strings"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rsockio/rsock/fallback"
+	"github.com/rsockio/rsock/verbs/soft"
 )
 
 // rawHello encodes h.
@@ -403,28 +405,43 @@ func TestPlainClientWriteTo(t *testing.T) {
 	require.Equal(t, "plain bytes", buf.String())
 }
 
-// TestCloseBeforeReading writes and closes without reading: the server must still get
-// every byte (the unread answer to the hello must not make the kernel reset the
-// connection).
+// TestCloseBeforeReading writes and closes without reading, before the server has
+// accepted: the server must still get every byte. Over TCP, the unread answer to the
+// hello must not make the kernel reset the connection; over RDMA, the server's engine
+// buffers what its application has not read, so Write and Close return. It runs on TCP,
+// on soft RDMA, and on the default provider: RDMA over a real device where there is
+// one (built with -tags rdma), else TCP again.
 func TestCloseBeforeReading(t *testing.T) {
-	scfg, ccfg := configs(t, FallbackTCP)
-	ln := listen(t, scfg)
-	payload := bytes.Repeat([]byte{'z'}, 256<<10)
-	for range 20 {
-		c, err := Dial("tcp", ln.Addr().String(), ccfg)
-		require.NoError(t, err)
-		_, err = c.Write(payload)
-		require.NoError(t, err)
-		require.NoError(t, c.Close())
-		_, err = c.Read(make([]byte, 1))
-		require.ErrorIs(t, err, net.ErrClosed)
+	for _, tt := range providerCases() {
+		t.Run(tt.name, func(t *testing.T) {
+			tr := tt.transport
+			scfg, ccfg := configs(t, FallbackTCP)
+			fab := soft.New(soft.Options{})
+			tt.setup(fab, scfg, ccfg)
+			ln := listen(t, scfg)
+			payload := make([]byte, 256<<10)
+			for i := range 20 {
+				rand.NewChaCha8([32]byte{byte(i)}).Read(payload)
+				c, err := Dial("tcp", ln.Addr().String(), ccfg)
+				require.NoError(t, err)
+				require.Equal(t, tr, c.Transport(), "%v", c.FallbackReason())
+				_, err = c.Write(payload)
+				require.NoError(t, err)
+				require.NoError(t, c.Close())
+				_, err = c.Read(make([]byte, 1))
+				require.ErrorIs(t, err, net.ErrClosed)
 
-		s, err := ln.AcceptRsock()
-		require.NoError(t, err)
-		got, err := io.ReadAll(s)
-		require.NoError(t, err)
-		require.Equal(t, len(payload), len(got))
-		s.Close()
+				s, err := ln.AcceptRsock()
+				require.NoError(t, err)
+				require.Equal(t, tr, s.Transport())
+				got, err := io.ReadAll(s)
+				require.NoError(t, err)
+				require.True(t, bytes.Equal(payload, got), "connection %d: %d bytes of %d, or other bytes", i, len(got), len(payload))
+				s.Close()
+			}
+			require.NoError(t, ln.Close())
+			requireReleased(t, fab)
+		})
 	}
 }
 
@@ -469,6 +486,9 @@ func TestConfigErrors(t *testing.T) {
 		{"unix", "unix", nil, "unknown network unix"},
 		{"ring size", "tcp", &Config{RingSize: 5000}, "RingSize 5000"},
 		{"negative timeout", "tcp", &Config{HandshakeTimeout: -1}, "negative timeout"},
+		{"negative send buffer", "tcp", &Config{SendBufferSize: -1}, "negative SendBufferSize -1"},
+		{"negative receive WQEs", "tcp", &Config{RecvWQEs: -1}, "negative RecvWQEs -1"},
+		{"read buffer", "tcp", &Config{ReadBufferSize: 2 << 30}, "ReadBufferSize 2147483648 is above 1 GiB"},
 	}
 	for _, tt := range tests {
 		_, err := Listen(tt.network, "127.0.0.1:0", tt.cfg)

@@ -226,6 +226,8 @@ func (c *Config) rdmaOptions() rdma.Options {
 		RecvWQEs:       c.RecvWQEs,
 		PollSpin:       c.PollSpin,
 		MaxConns:       c.MaxRDMAConns,
+		ReadBufferSize: c.ReadBufferSize,
+		Linger:         c.Linger,
 	}
 }
 

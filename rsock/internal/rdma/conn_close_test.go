@@ -46,28 +46,33 @@ func TestCloseBeforePeerReads(t *testing.T) {
 }
 
 // TestCloseLingerBound: when the peer's device does not acknowledge (here every request
-// is held back for an hour), Close gives up after the linger time, and the peer reads
-// the bytes that did arrive and then an error, never io.EOF.
+// is held back for an hour), Close gives up after the linger time, or at once with a
+// negative one, and the peer reads the bytes that did arrive and then an error, never
+// io.EOF.
 func TestCloseLingerBound(t *testing.T) {
-	f := soft.New(soft.Options{})
-	a, b := connPair(t, f, Options{Linger: 20 * time.Millisecond})
-	first := streamBytes(8, 10<<10)
-	_, err := a.Write(first)
-	require.NoError(t, err)
-	got := make([]byte, len(first))
-	_, err = io.ReadFull(b, got)
-	require.NoError(t, err)
-	require.Equal(t, first, got)
+	for _, linger := range []time.Duration{20 * time.Millisecond, -1} {
+		t.Run(linger.String(), func(t *testing.T) {
+			f := soft.New(soft.Options{})
+			a, b := connPair(t, f, Options{Linger: linger})
+			first := streamBytes(8, 10<<10)
+			_, err := a.Write(first)
+			require.NoError(t, err)
+			got := make([]byte, len(first))
+			_, err = io.ReadFull(b, got)
+			require.NoError(t, err)
+			require.Equal(t, first, got)
 
-	require.NoError(t, f.DelayQP(a.qp, time.Hour))
-	_, err = a.Write(streamBytes(9, 10<<10))
-	require.NoError(t, err)
-	require.NoError(t, a.Close(), "only the linger time can end this Close")
+			require.NoError(t, f.DelayQP(a.qp, time.Hour))
+			_, err = a.Write(streamBytes(9, 10<<10))
+			require.NoError(t, err)
+			require.NoError(t, a.Close(), "only the linger time can end this Close")
 
-	n, err := b.Read(got)
-	require.Error(t, err, "read %d bytes after the last that arrived", n)
-	require.NotErrorIs(t, err, io.EOF, "the peer sees a clean end of a truncated stream")
-	require.ErrorIs(t, err, ErrControlLost)
-	require.NoError(t, b.Close())
-	requireReleased(t, f)
+			n, err := b.Read(got)
+			require.Error(t, err, "read %d bytes after the last that arrived", n)
+			require.NotErrorIs(t, err, io.EOF, "the peer sees a clean end of a truncated stream")
+			require.ErrorIs(t, err, ErrControlLost)
+			require.NoError(t, b.Close())
+			requireReleased(t, f)
+		})
+	}
 }

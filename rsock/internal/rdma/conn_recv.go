@@ -174,7 +174,7 @@ func (c *Conn) consume(fromSpill, fromRing int, done bool) {
 // package docs). Called with mu held, after every data arrival and at the end of every
 // read.
 func (c *Conn) spillLocked() {
-	if c.reading || c.err != nil {
+	if c.reading || c.closing || c.err != nil {
 		return
 	}
 	n := c.fc.Spillable(c.spillMax - c.spill.len())
