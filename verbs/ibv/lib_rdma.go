@@ -292,6 +292,9 @@ func queryPort(c *C.struct_ibv_context, device string, num uint8, nports int) (v
 	return port, nil
 }
 
+// haveQueryGIDTable reports whether the loaded libibverbs has ibv_query_gid_table.
+func haveQueryGIDTable() bool { return C.rsock_ibv.query_gid_table != nil }
+
 // queryGIDTable reads port num's populated GID entries with ibv_query_gid_table, which
 // returns the valid entries of every port of the device, with their hardware indices,
 // in one call: unlike sysfs, whose table lists every index up to its length (1,024 on
