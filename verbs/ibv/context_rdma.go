@@ -94,7 +94,7 @@ func (ctx *devContext) QueryPort(num uint8) (verbs.PortAttr, error) {
 		return verbs.PortAttr{}, fmt.Errorf("ibv: query port: %w", err)
 	}
 	defer ctx.removeChild()
-	return queryPort(ctx.c, ctx.attr.Name, num)
+	return queryPort(ctx.c, ctx.attr.Name, num, len(ctx.attr.Ports))
 }
 
 // AllocPD allocates a protection domain.

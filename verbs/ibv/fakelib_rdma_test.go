@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -35,6 +36,7 @@ var fakeScenarios = map[string]func(t *testing.T){
 	"device":     fakeDevice,
 	"no-device":  fakeNoDevice,
 	"broken-lib": fakeBrokenLib,
+	"gid-table":  fakeGIDTable,
 }
 
 // buildLib compiles a C file into dir/libibverbs.so.1, with the C compiler that built
@@ -84,6 +86,7 @@ func TestFakeLibibverbs(t *testing.T) {
 
 	t.Run("extended context", func(t *testing.T) { runChild(t, dir, "device") })
 	t.Run("compat query_port", func(t *testing.T) { runChild(t, dir, "device", "FAKEVERBS_COMPAT=1") })
+	t.Run("GID table by ibv_query_gid_table", func(t *testing.T) { runChild(t, dir, "gid-table", "FAKEVERBS_GIDTABLE=1") })
 	t.Run("no device", func(t *testing.T) { runChild(t, dir, "no-device", "FAKEVERBS_NODEV=1") })
 
 	// A library that lacks the functions: Open reports which, as a LibraryError.
@@ -92,6 +95,33 @@ func TestFakeLibibverbs(t *testing.T) {
 	require.NoError(t, os.WriteFile(src, []byte("void rsock_not_libibverbs(void) {}\n"), 0o644))
 	buildLib(t, broken, src)
 	t.Run("missing symbols", func(t *testing.T) { runChild(t, broken, "broken-lib") })
+}
+
+// fakeGIDTable reads the double's GID table through ibv_query_gid_table: the entries of
+// port 1 only, in hardware index order with the holes kept, types as on an Ethernet
+// port, netdevs by interface index (1 is the loopback interface). The sysfs tree, which
+// holds other GIDs, is not read.
+func fakeGIDTable(t *testing.T) {
+	sysfsRoot = "testdata/sysfs-fake"
+	p, err := Open()
+	require.NoError(t, err)
+	devs, err := p.Devices()
+	require.NoError(t, err)
+	require.Len(t, devs, 1)
+	lo, err := net.InterfaceByIndex(1)
+	require.NoError(t, err)
+	require.Equal(t, []verbs.GIDEntry{
+		{Index: 0, GID: gid("fe80::a00:27ff:fe00:7"), Type: verbs.GIDTypeRoCEv1, Netdev: lo.Name},
+		{Index: 3, GID: gid("fd00::7"), Type: verbs.GIDTypeRoCEv1},
+		{Index: 6, GID: gid("::ffff:10.7.0.8"), Type: verbs.GIDTypeRoCEv2, Netdev: lo.Name},
+	}, devs[0].Ports[0].GIDs)
+
+	ctx, err := p.Open("fake0")
+	require.NoError(t, err)
+	defer ctx.Close()
+	port, err := ctx.QueryPort(1)
+	require.NoError(t, err)
+	require.Equal(t, devs[0].Ports[0].GIDs, port.GIDs)
 }
 
 func fakeNoDevice(t *testing.T) {

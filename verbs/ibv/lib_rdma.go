@@ -78,6 +78,9 @@ static const char *rsock_ibv_load(void)
 	SYM(get_async_event, "ibv_get_async_event", "IBVERBS_1.1");
 	SYM(ack_async_event, "ibv_ack_async_event", "IBVERBS_1.1");
 #undef SYM
+	// Optional: older libraries lack it, and queryPort then reads sysfs.
+	if (rsock_ibv_sym(h, &rsock_ibv.query_gid_table, "_ibv_query_gid_table", "IBVERBS_1.11") != 0)
+		rsock_ibv.query_gid_table = NULL;
 	return NULL;
 
 fail:
@@ -89,9 +92,12 @@ fail:
 import "C"
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
+	"slices"
 	"sync"
 	"syscall"
 	"unsafe"
@@ -242,7 +248,7 @@ func (p *provider) describe(c *C.struct_ibv_context, name string) (verbs.DeviceA
 		MaxMRSize: uint64(a.max_mr_size),
 	}
 	for num := 1; num <= int(a.phys_port_cnt); num++ {
-		port, err := queryPort(c, name, uint8(num))
+		port, err := queryPort(c, name, uint8(num), int(a.phys_port_cnt))
 		if err != nil {
 			return verbs.DeviceAttr{}, err
 		}
@@ -252,8 +258,10 @@ func (p *provider) describe(c *C.struct_ibv_context, name string) (verbs.DeviceA
 	return attr, nil
 }
 
-// queryPort fills a PortAttr from ibv_query_port and the port's GID table from sysfs.
-func queryPort(c *C.struct_ibv_context, device string, num uint8) (verbs.PortAttr, error) {
+// queryPort fills a PortAttr from ibv_query_port and the port's GID table: from
+// ibv_query_gid_table where libibverbs and the kernel have it, else from sysfs. nports
+// is the device's port count.
+func queryPort(c *C.struct_ibv_context, device string, num uint8, nports int) (verbs.PortAttr, error) {
 	var pa C.struct_ibv_port_attr
 	if rc, err := C.rsock_query_port(c, C.uint8_t(num), &pa); rc != 0 {
 		return verbs.PortAttr{}, errnoError(fmt.Sprintf("query port %d of %s", num, device), errnoOf(int(rc), err), classOther)
@@ -273,12 +281,77 @@ func queryPort(c *C.struct_ibv_context, device string, num uint8) (verbs.PortAtt
 	default:
 		port.LinkLayer = verbs.LinkLayerUnspecified
 	}
-	gids, err := ReadGIDTable(sysfsRoot, device, num)
-	if err != nil {
-		return verbs.PortAttr{}, err
+	gids, ok := queryGIDTable(c, num, int(pa.gid_tbl_len)*max(nports, 1), port.LinkLayer)
+	if !ok {
+		var err error
+		if gids, err = ReadGIDTable(sysfsRoot, device, num); err != nil {
+			return verbs.PortAttr{}, err
+		}
 	}
 	port.GIDs = gids
 	return port, nil
+}
+
+// haveQueryGIDTable reports whether the loaded libibverbs has ibv_query_gid_table.
+func haveQueryGIDTable() bool { return C.rsock_ibv.query_gid_table != nil }
+
+// queryGIDTable reads port num's populated GID entries with ibv_query_gid_table, which
+// returns the valid entries of every port of the device, with their hardware indices,
+// in one call: unlike sysfs, whose table lists every index up to its length (1,024 on
+// rxe), populated or not, it costs one system call. room is how many entries of the
+// whole device to make room for. ok is false when the call is unavailable (an older
+// libibverbs or kernel) or fails (more entries than room): the caller reads sysfs.
+// Types and netdevs follow the rules of ReadGIDTable.
+func queryGIDTable(c *C.struct_ibv_context, num uint8, room int, link verbs.LinkLayer) (_ []verbs.GIDEntry, ok bool) {
+	if room <= 0 {
+		return nil, false
+	}
+	ents := (*C.struct_ibv_gid_entry)(C.calloc(C.size_t(room), C.size_t(unsafe.Sizeof(C.struct_ibv_gid_entry{}))))
+	if ents == nil {
+		return nil, false
+	}
+	defer C.free(unsafe.Pointer(ents))
+	n := int(C.rsock_query_gid_table(c, ents, C.size_t(room)))
+	if n < 0 || n > room {
+		return nil, false
+	}
+	table := []verbs.GIDEntry{} // not nil: a port can have an empty table
+	names := map[uint32]string{}
+	for _, e := range unsafe.Slice(ents, n) {
+		if uint8(e.port_num) != num {
+			continue
+		}
+		ent := verbs.GIDEntry{Index: int(e.gid_index), GID: verbs.GID(*(*[16]byte)(unsafe.Pointer(&e.gid)))}
+		if ent.GID.IsZero() {
+			continue
+		}
+		switch e.gid_type {
+		case C.IBV_GID_TYPE_ROCE_V2:
+			ent.Type = verbs.GIDTypeRoCEv2
+		case C.IBV_GID_TYPE_ROCE_V1:
+			ent.Type = verbs.GIDTypeRoCEv1
+		case C.IBV_GID_TYPE_IB:
+			ent.Type = verbs.GIDTypeIB
+			if link == verbs.LinkLayerEthernet {
+				ent.Type = verbs.GIDTypeRoCEv1
+			}
+		default:
+			continue // a type this package does not know cannot be selected
+		}
+		if idx := uint32(e.ndev_ifindex); idx != 0 {
+			name, seen := names[idx]
+			if !seen {
+				if ifc, err := net.InterfaceByIndex(int(idx)); err == nil {
+					name = ifc.Name
+				}
+				names[idx] = name
+			}
+			ent.Netdev = name
+		}
+		table = append(table, ent)
+	}
+	slices.SortFunc(table, func(a, b verbs.GIDEntry) int { return cmp.Compare(a.Index, b.Index) })
+	return table, true
 }
 
 // inlineProbe are the max_inline_data values maxInline tries, largest first.

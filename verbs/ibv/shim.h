@@ -63,6 +63,11 @@ struct rsock_ibv_syms {
 	int (*get_async_event)(struct ibv_context *context,
 			       struct ibv_async_event *event);          // IBVERBS_1.1
 	void (*ack_async_event)(struct ibv_async_event *event);         // IBVERBS_1.1
+
+	// Optional (rdma-core 30 and later); NULL when the library lacks it.
+	ssize_t (*query_gid_table)(struct ibv_context *context,
+				   struct ibv_gid_entry *entries, size_t max_entries,
+				   uint32_t flags, size_t entry_size);  // IBVERBS_1.11
 };
 
 // rsock_ibv is defined in lib_rdma.go's preamble and filled once by rsock_ibv_load.
@@ -97,6 +102,17 @@ static inline struct ibv_cq *rsock_create_cq(struct ibv_context *c, int cqe, str
 {
 	// cq_context stays NULL: C keeps no pointer to Go. Completion vector 0 always exists.
 	return rsock_ibv.create_cq(c, cqe, NULL, ch, 0);
+}
+
+// rsock_query_gid_table is verbs.h's ibv_query_gid_table: every valid entry of every
+// port's GID table, in one call. It fails with EOPNOTSUPP where libibverbs lacks it.
+static inline ssize_t rsock_query_gid_table(struct ibv_context *c, struct ibv_gid_entry *e, size_t max)
+{
+	if (rsock_ibv.query_gid_table == NULL) {
+		errno = EOPNOTSUPP;
+		return -1;
+	}
+	return rsock_ibv.query_gid_table(c, e, max, 0, sizeof(*e));
 }
 
 static inline int rsock_comp_channel_fd(struct ibv_comp_channel *ch) { return ch->fd; }

@@ -7,6 +7,13 @@
 // register a ring, exchanges the two [Offer]s over the bootstrap connection, and calls
 // [Endpoint.Connect] to bring the QP to RTS and obtain a [Conn].
 //
+// Devices are shared: one opened context, protection domain and set of CQs per
+// provider and device, whatever the number of connections. The port and the source GID
+// belong to each connection: [PrepareContext] picks them by the bootstrap connection's
+// local IP and names the GID by its hardware index in the port's table, which may have
+// holes. Finding and opening the device is bounded by the caller's context, and a burst
+// of connections on a cold cache lists the provider's devices once.
+//
 // Files follow the data path: setup.go (resources and QP transitions), conn_send.go
 // (Write), conn_recv.go (Read and spilling), conn_spill.go (the unpinned receive
 // buffer), conn_flow.go (credits and completions), conn_close.go (FIN and teardown),

@@ -20,7 +20,11 @@
 //     so a test can see the immediate left Go in network byte order;
 //   - FAKEVERBS_NODEV=1 makes ibv_get_device_list return no device;
 //   - FAKEVERBS_COMPAT=1 opens a context without the extended ops, so that
-//     ibv_query_port goes through the exported compat function.
+//     ibv_query_port goes through the exported compat function;
+//   - _ibv_query_gid_table fails with EOPNOTSUPP (as on a kernel without the ioctl),
+//     so that GID tables come from the fake sysfs tree, unless FAKEVERBS_GIDTABLE=1:
+//     then it returns a table with holes that sysfs-fake does not hold (see
+//     fakeGIDTable in fakelib_rdma_test.go), and an entry of a second port.
 // Build: see fakelib_rdma_test.go (gcc -shared with fakeverbs.map for symbol versions).
 
 #define _GNU_SOURCE
@@ -208,6 +212,33 @@ int ibv_close_device(struct ibv_context *c)
 	close(f->async_wfd);
 	free(f);
 	return 0;
+}
+
+static void fake_gid_entry(struct ibv_gid_entry *e, uint32_t port, uint32_t index, uint32_t type,
+			   uint32_t ifindex, const char *addr)
+{
+	memset(e, 0, sizeof(*e));
+	inet_pton(AF_INET6, addr, e->gid.raw);
+	e->port_num = port;
+	e->gid_index = index;
+	e->gid_type = type;
+	e->ndev_ifindex = ifindex;
+}
+
+ssize_t _ibv_query_gid_table(struct ibv_context *c, struct ibv_gid_entry *entries,
+			     size_t max_entries, uint32_t flags, size_t entry_size)
+{
+	if (!getenv("FAKEVERBS_GIDTABLE"))
+		return -EOPNOTSUPP;
+	if (flags != 0 || entry_size != sizeof(struct ibv_gid_entry))
+		return -EINVAL;
+	if (max_entries < 4)
+		return -EINVAL; // as the kernel: the table does not fit
+	fake_gid_entry(&entries[0], 1, 0, IBV_GID_TYPE_ROCE_V1, 1, "fe80::a00:27ff:fe00:7");
+	fake_gid_entry(&entries[1], 1, 6, IBV_GID_TYPE_ROCE_V2, 1, "::ffff:10.7.0.8");
+	fake_gid_entry(&entries[2], 2, 1, IBV_GID_TYPE_ROCE_V2, 1, "::ffff:10.7.0.9");
+	fake_gid_entry(&entries[3], 1, 3, IBV_GID_TYPE_IB, 0, "fd00::7");
+	return 4;
 }
 
 int ibv_query_device(struct ibv_context *c, struct ibv_device_attr *a)
