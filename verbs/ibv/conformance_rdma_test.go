@@ -33,7 +33,6 @@ func TestConformance(t *testing.T) {
 	}
 	verbstest.Suite{
 		Providers: func(t *testing.T) (a, b verbs.Provider) { return p, p },
-		Defects:   knownDefects(t),
 	}.Run(t)
 }
 
@@ -87,7 +86,6 @@ func TestConformanceTwoHosts(t *testing.T) {
 	t.Logf("side a: %s on %s; side b: %s at %s", deviceName(t, local), ip, remote.Name(), agent)
 	verbstest.Suite{
 		Providers: func(t *testing.T) (a, b verbs.Provider) { return local, remote },
-		Defects:   knownDefects(t),
 	}.Run(t)
 	require.NoError(t, remote.Close(), "end the agent session")
 }
@@ -127,24 +125,6 @@ func dialAgent(t *testing.T, addr string) *verbstest.RemoteProvider {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
-}
-
-// knownDefects returns the conformance rules this machine's device is known to break.
-// rxe on kernel 6.1 does not flush work requests posted to a QP in ERROR: they never
-// complete (fixed in later kernels; 6.12 passes the rule, and the CI harness runs 6.12).
-// The rule is reported as skipped with that reason rather than failing or passing.
-func knownDefects(t *testing.T) map[string]string {
-	rel, err := os.ReadFile("/proc/sys/kernel/osrelease")
-	if err != nil {
-		return nil
-	}
-	release := strings.TrimSpace(string(rel))
-	if _, err := os.Stat("/sys/module/rdma_rxe"); err != nil || !strings.HasPrefix(release, "6.1.") {
-		return nil
-	}
-	why := fmt.Sprintf("rxe on kernel %s does not flush WRs posted to a QP in ERROR (fixed in later kernels: 6.12 passes)", release)
-	t.Logf("known device defect: %s", why)
-	return map[string]string{"PostInErrorFlushes": why}
 }
 
 func activePort(p verbs.Provider) error {

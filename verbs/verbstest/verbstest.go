@@ -172,20 +172,12 @@ type Suite struct {
 	// the one the test process drives; side b is where the peer of each pair lives. They
 	// are the same provider, or b is a peer across a real wire (see [DialAgent]).
 	Providers func(t *testing.T) (a, b verbs.Provider)
-	// Defects lists rules the device under test is known to break, by rule name, with
-	// the defect (which kernel, what it does). Such a rule is not run: its subtest is
-	// skipped with the defect as the reason, so that a run reports it instead of failing
-	// on a known device bug or passing silently.
-	Defects map[string]string
 }
 
 // Run runs every rule of the suite as a subtest of t.
 func (s Suite) Run(t *testing.T) {
 	for _, r := range rules {
 		t.Run(r.name, func(t *testing.T) {
-			if why, ok := s.Defects[r.name]; ok {
-				t.Skipf("known device defect, rule not run: %s", why)
-			}
 			a, b := s.Providers(t)
 			for _, p := range []verbs.Provider{a, b} {
 				devs, err := p.Devices()
