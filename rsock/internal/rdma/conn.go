@@ -64,11 +64,12 @@ type Conn struct {
 	ring        []byte
 
 	// Receive buffering beyond the ring (conn_spill.go, "Buffering" in doc.go).
-	spill    spillBuf
-	spillMax int    // most bytes spill may hold
-	reading  bool   // a Read or WriteTo is in progress: nothing may spill
-	spilled  uint64 // bytes ever moved out of the ring into spill
-	linger   time.Duration
+	spill       spillBuf
+	spillMax    int    // most bytes spill may hold
+	reading     bool   // a Read or WriteTo is in progress: nothing may spill
+	releaseLeft bool   // Close tore down during a Read, which releases the endpoint (teardown)
+	spilled     uint64 // bytes ever moved out of the ring into spill
+	linger      time.Duration
 
 	readable chan struct{} // cap 1: data, FIN or failure arrived
 	writable chan struct{} // cap 1: credit, staging or SQ space arrived, or failure

@@ -100,15 +100,25 @@ func (c *Conn) Abandon() error {
 	return err
 }
 
-// teardown flushes the QP, stops its completions and releases every resource.
+// teardown flushes the QP, stops its completions and releases every resource. A Read or
+// WriteTo in progress may still be copying out of the ring (it copies without mu, and
+// WriteTo hands ring memory to its writer): then the registered memory, the QP and the
+// device reference are released by that Read when it ends (consume), never under it. The
+// Read ends promptly: closed is closed, and it returns net.ErrClosed at its next step.
 func (c *Conn) teardown() error {
 	var errs []error
 	if err := c.qp.ToError(); err != nil {
 		errs = append(errs, fmt.Errorf("rdma: close: QP to ERROR: %w", err))
 	}
 	c.ep.poller.detach(c.qp.QPN())
-	if err := c.ep.release(); err != nil {
-		errs = append(errs, fmt.Errorf("rdma: close: %w", err))
+	c.mu.Lock()
+	left := c.reading
+	c.releaseLeft = left
+	c.mu.Unlock()
+	if !left {
+		if err := c.ep.release(); err != nil {
+			errs = append(errs, fmt.Errorf("rdma: close: %w", err))
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -3,6 +3,7 @@ package rdma
 import (
 	"bytes"
 	"io"
+	"net"
 	"testing"
 	"time"
 
@@ -75,4 +76,48 @@ func TestCloseLingerBound(t *testing.T) {
 			requireReleased(t, f)
 		})
 	}
+}
+
+// blockingWriter hands each slice it is given to the test and waits for the test's go
+// ahead before it returns, so the test can act while WriteTo holds ring memory.
+type blockingWriter struct {
+	got  chan []byte
+	next chan struct{}
+}
+
+func (w *blockingWriter) Write(p []byte) (int, error) {
+	w.got <- p
+	<-w.next
+	return len(p), nil
+}
+
+// TestCloseDuringWriteTo: Close returns while a WriteTo is handing ring memory to its
+// writer, and the registered memory stays alive under it (on a real device it would be
+// unmapped): the endpoint is released when the WriteTo ends, not before.
+func TestCloseDuringWriteTo(t *testing.T) {
+	f := soft.New(soft.Options{})
+	a, b := connPair(t, f, Options{})
+	msg := streamBytes(3, 1000)
+	_, err := a.Write(msg)
+	require.NoError(t, err)
+
+	w := &blockingWriter{got: make(chan []byte), next: make(chan struct{})}
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.WriteTo(w)
+		done <- err
+	}()
+	held := <-w.got // WriteTo is now inside w.Write with a slice of b's ring
+	require.True(t, bytes.Equal(msg, held), "WriteTo handed %d bytes, want the %d written", len(held), len(msg))
+
+	before := f.Stats()
+	require.NoError(t, b.Close())
+	after := f.Stats()
+	require.Equal(t, before.MRs, after.MRs, "b's registered memory was released while WriteTo still held it")
+	require.True(t, bytes.Equal(msg, held), "ring memory changed under WriteTo after Close")
+
+	close(w.next)
+	require.ErrorIs(t, <-done, net.ErrClosed)
+	require.NoError(t, a.Close())
+	requireReleased(t, f)
 }

@@ -148,16 +148,25 @@ func (c *Conn) readErrLocked() error {
 // ends the read in progress: what arrived meanwhile may be spilled now.
 func (c *Conn) consume(fromSpill, fromRing int, done bool) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if done {
 		c.reading = false
 	}
 	if c.closing {
+		release := done && c.releaseLeft
 		if done {
 			c.spill.release() // Close left it to this Read
+			c.releaseLeft = false
+		}
+		c.mu.Unlock()
+		if release {
+			// Close tore down under this Read and left the endpoint to it (see
+			// teardown). Close has returned already: a release error has nobody to
+			// reach, and the resources are gone either way.
+			_ = c.ep.release()
 		}
 		return
 	}
+	defer c.mu.Unlock()
 	c.spill.discard(fromSpill)
 	if err := c.fc.Consume(fromRing); err != nil {
 		c.failLocked(err) // cannot happen: fromRing ≤ what Unread returned
