@@ -1,0 +1,115 @@
+# perf.sh: rsockperf next to perftest and rsockets, server on host B, client on host A,
+# in one boot (busybox sh, sourced by /init). The VM is emulated: only ratios within a
+# boot mean anything. Each tool's run is one step; the figures land in /tmp/perf.txt as
+# "<tool> <measure> <value>" (MB/s for throughput, 10^6 bytes; µs for round trips), and
+# perf_ratios prints rsock/perftest and rsock/rstream as "@@RATIO" lines.
+#
+# Measures: stream of 64 KiB and 4 KiB writes (throughput), 64 B ping-pong (round trip).
+#   perftest: ib_write_bw's "BW average" (MiB/s, converted) and ib_write_lat's t_typical
+#     (its median, half a round trip: doubled).
+#   rstream: -C transfers one way then back, per iteration; Gb/sec counts all the bytes
+#     over the whole time. usec/xfer with -C 1 is half a round trip: doubled.
+#   rsockperf: RsockRDMA, stream MB/s and pingpong p50 (a round trip).
+
+record() { echo "$1 $2 $3" >> /tmp/perf.txt; echo "figure: $1 $2 $3"; }
+
+# perftest <tool> <measure> <args...>: one perftest pair on rxe_b / rxe_a.
+perftest() {
+  local tool=$1 measure=$2 ga gb spid crc src v
+  shift 2
+  ga=$(gid_index rxe_a $A) && gb=$(gid_index rxe_b $B) || return 1
+  timeout -k 5 120 "$tool" -d rxe_b -x "$gb" -F "$@" > /tmp/pt_s.log 2>&1 &
+  spid=$!
+  wait_listen 18515 $spid || { kill $spid 2>/dev/null; cat /tmp/pt_s.log; return 1; }
+  timeout -k 5 120 "$tool" -d rxe_a -x "$ga" -F "$@" $B > /tmp/pt_c.log 2>&1
+  crc=$?
+  wait $spid
+  src=$?
+  cat /tmp/pt_c.log
+  [ $crc = 0 ] && [ $src = 0 ] || { echo "--- server:"; cat /tmp/pt_s.log; echo "client $crc, server $src"; return 1; }
+  case $tool in
+    ib_write_bw) v=$(awk '$1 ~ /^[0-9]+$/ && NF >= 5 { printf "%.1f", $4 * 1.048576 }' /tmp/pt_c.log) ;;
+    ib_write_lat) v=$(awk '$1 ~ /^[0-9]+$/ && NF >= 6 { printf "%.2f", $5 * 2 }' /tmp/pt_c.log) ;;
+  esac
+  [ -n "$v" ] || { echo "no figure in $tool's output"; return 1; }
+  record perftest "$measure" "$v"
+}
+
+RSPORT=7470
+# rstream_run <measure> <args...>: an rstream pair, client bound to A.
+rstream_run() {
+  local measure=$1 spid crc src v
+  shift
+  RSPORT=$((RSPORT + 1))
+  timeout -k 5 150 rstream -f ip -b $B -p $RSPORT "$@" > /tmp/rs_s.log 2>&1 &
+  spid=$!
+  # An rsockets listener is an rdma_cm endpoint, not a kernel TCP socket: wait_listen
+  # cannot see it. The client retries while the server is up and nothing was sent.
+  local try=0
+  while :; do
+    sleep 2
+    timeout -k 5 120 rstream -f ip -s $B -b $A -p $RSPORT "$@" > /tmp/rs_c.log 2>&1
+    crc=$?
+    try=$((try + 1))
+    [ $crc != 0 ] && [ $try -lt 5 ] && kill -0 $spid 2>/dev/null && ! grep -q usec /tmp/rs_c.log || break
+    echo "rstream client attempt $try: status $crc, retrying: $(cat /tmp/rs_c.log)"
+  done
+  wait $spid
+  src=$?
+  cat /tmp/rs_c.log
+  [ $crc = 0 ] && [ $src = 0 ] || { echo "--- server:"; cat /tmp/rs_s.log; echo "client $crc, server $src"; return 1; }
+  case $measure in
+    rtt*) v=$(awk '$NF ~ /^[0-9.]+$/ && NF >= 8 { printf "%.2f", $NF * 2 }' /tmp/rs_c.log) ;;
+    *) v=$(awk '$NF ~ /^[0-9.]+$/ && NF >= 8 { printf "%.1f", $(NF - 1) * 1000 / 8 }' /tmp/rs_c.log) ;;
+  esac
+  [ -n "$v" ] || { echo "no figure in rstream's output"; return 1; }
+  record rstream "$measure" "$v"
+}
+
+# rsockperf_run: one server and one client process, RsockRDMA, the three measures.
+rsockperf_run() {
+  local spid crc src
+  timeout -k 5 300 /t/bin/rsockperf -mode server -addr $B:7100 -transports RsockRDMA > /tmp/rp_s.log 2>&1 &
+  spid=$!
+  wait_listen 7100 $spid || { kill $spid 2>/dev/null; cat /tmp/rp_s.log; return 1; }
+  timeout -k 5 240 /t/bin/rsockperf -mode client -q -addr $B:7100 -transports RsockRDMA \
+    -workloads stream,pingpong -sizes 64,4KiB,64KiB -duration "${PERF_SECS}s" > /tmp/rp_c.log 2>&1
+  crc=$?
+  stop $spid rsockperf-server
+  src=$?
+  cat /tmp/rp_c.log
+  [ $crc = 0 ] && [ $src = 0 ] || { echo "--- server:"; cat /tmp/rp_s.log; echo "client $crc, server $src"; return 1; }
+  # The text tables: "stream:" / "pingpong:" sections, rows "<size> RsockRDMA <figure> ...".
+  awk '
+    /^stream:/ { w = "stream" } /^pingpong:/ { w = "pingpong" }
+    $2 == "RsockRDMA" && w == "stream" && $1 == "64KiB" { print "rsock stream_64KiB", $3 }
+    $2 == "RsockRDMA" && w == "stream" && $1 == "4KiB" { print "rsock stream_4KiB", $3 }
+    $2 == "RsockRDMA" && w == "pingpong" && $1 == "64B" {
+      v = $3; u = 1
+      if (v ~ /ns$/) { u = 0.001 } else if (v ~ /ms$/) { u = 1000 } else if (v ~ /[0-9]s$/) { u = 1000000 }
+      gsub(/[^0-9.]/, "", v); printf "rsock rtt_64B %.2f\n", v * u
+    }' /tmp/rp_c.log > /tmp/rp_fig.txt
+  cat /tmp/rp_fig.txt >> /tmp/perf.txt
+  sed 's/^/figure: /' /tmp/rp_fig.txt
+  [ "$(wc -l < /tmp/rp_fig.txt)" = 3 ] || { echo "missing rsockperf figures"; return 1; }
+}
+
+# perf_ratios: rsock's figures over perftest's and rstream's. Throughput: >1 is rsock
+# faster; round trip: >1 is rsock slower.
+perf_ratios() {
+  awk '
+    function nz(x) { return x == "" ? "-" : x }
+    function ratio(a, b) { return (a == "" || b == "" || b == 0) ? "-" : sprintf("%.2f", a / b) }
+    { v[$1 " " $2] = $3 }
+    END {
+      n = split("stream_64KiB stream_4KiB rtt_64B", m, " ")
+      for (i = 1; i <= n; i++) {
+        r = v["rsock " m[i]]; p = v["perftest " m[i]]; s = v["rstream " m[i]]
+        unit = (m[i] ~ /^rtt/) ? "us round trip" : "MB/s"
+        if (r == "" || p == "" || s == "") { printf "missing figures for %s\n", m[i]; bad = 1 }
+        printf "@@RATIO %-12s rsock %s, perftest %s, rstream %s (%s); rsock/perftest %s, rsock/rstream %s\n", \
+          m[i] ":", nz(r), nz(p), nz(s), unit, ratio(r, p), ratio(r, s)
+      }
+      exit bad
+    }' /tmp/perf.txt
+}
