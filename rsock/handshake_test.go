@@ -216,7 +216,7 @@ func TestVersionMismatch(t *testing.T) {
 	for _, tt := range tests {
 		t.Run("Client/"+tt.name, func(t *testing.T) {
 			got := fakeServer(t, append(tt.answer, "data"...))
-			c, err := Dial("tcp", got.addr, nil)
+			c, err := Dial("tcp", got.addr, noRDMA)
 			require.NoError(t, err)
 			defer c.Close()
 			b := make([]byte, 4)
@@ -232,6 +232,11 @@ func TestVersionMismatch(t *testing.T) {
 		})
 	}
 }
+
+// noRDMA is the client Config of the tests against a fakeServer: they script the answer
+// to an offer without RDMA, which a client sends whether or not the machine it runs on
+// has an RDMA device only if it is told not to use one.
+var noRDMA = &Config{DisableRDMA: true}
 
 // fakeServerConn is a plain TCP server for one client: it reads the client's hello,
 // records it, writes answer and closes.
@@ -280,7 +285,7 @@ func TestDialPlainServer(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			srv := fakeServer(t, tt.answer)
-			c, err := Dial("tcp", srv.addr, nil)
+			c, err := Dial("tcp", srv.addr, noRDMA)
 			require.NoError(t, err, "Dial does not wait for the server")
 			_, err = c.Read(make([]byte, 10))
 			require.ErrorIs(t, err, tt.err)
