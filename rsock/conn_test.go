@@ -121,12 +121,14 @@ func TestCloseWrite(t *testing.T) {
 
 			// The client sends a request and half-closes; the server reads it to EOF,
 			// answers and closes; the client reads the whole answer.
+			served := make(chan error, 1)
 			go func() {
 				req, err := io.ReadAll(s)
 				if err == nil {
 					_, err = s.Write(bytes.ToUpper(req))
 				}
 				s.Close()
+				served <- err
 			}()
 			_, err := c.Write([]byte("request"))
 			require.NoError(t, err)
@@ -134,6 +136,7 @@ func TestCloseWrite(t *testing.T) {
 			resp, err := io.ReadAll(c)
 			require.NoError(t, err)
 			require.Equal(t, "REQUEST", string(resp))
+			require.NoError(t, <-served, "server side")
 			_, err = c.Write([]byte("x"))
 			require.Error(t, err, "Write after CloseWrite")
 		})

@@ -319,6 +319,7 @@ func (c *column) measureGRPC(ctx context.Context, o options) (float64, error) {
 	return load(ctx, o, func(ctx context.Context) error {
 		out, err := client.Echo(ctx, msg)
 		if err == nil && len(out) != len(msg) {
+			//lint:ignore ST1005 the message begins with the RPC's name, Echo
 			err = fmt.Errorf("Echo: %d bytes back, want %d", len(out), len(msg))
 		}
 		return err

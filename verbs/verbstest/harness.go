@@ -2,7 +2,6 @@ package verbstest
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"runtime"
 	"sync/atomic"
@@ -444,9 +443,3 @@ func recvCapacity(qp verbs.QP) int {
 
 // fillLimit bounds how many WRs a test posts while looking for a queue's real capacity.
 func fillLimit(requested int) int { return 4*requested + 64 }
-
-// isQueueFull reports whether err is a post error that rejected request 0 as queue full.
-func isQueueFull(err error) bool {
-	var pe *verbs.PostError
-	return errors.As(err, &pe) && pe.Index == 0 && errors.Is(err, verbs.ErrQueueFull)
-}

@@ -7,6 +7,8 @@
 //	go run ./examples/grpc/client -addr 127.0.0.1:9090
 package main
 
+//lint:file-ignore ST1005 error messages begin with the name of the RPC that failed (Echo, Generate, ...)
+
 import (
 	"bytes"
 	"context"

@@ -112,13 +112,6 @@ func (p *poller) detach(qpn uint32) {
 	}
 }
 
-// idle reports whether no QP is attached or reserved.
-func (p *poller) idle() bool {
-	p.mu.RLock()
-	defer p.mu.RUnlock()
-	return len(p.handlers) == 0 && p.reserved == 0
-}
-
 // close destroys the CQ and channel. The poller must be idle.
 func (p *poller) close() error {
 	return errors.Join(p.cq.Close(), p.ch.Close())
