@@ -212,6 +212,8 @@ func pollOne(t *testing.T, cq verbs.CQ) verbs.WorkCompletion {
 		if n == 1 {
 			return wc[0]
 		}
+		// Paces the poll; the C test double completes on its own threads in real
+		// time, out of synctest's reach.
 		time.Sleep(time.Millisecond)
 	}
 	t.Fatal("no completion")
@@ -541,6 +543,9 @@ func fakeDevice(t *testing.T) {
 		require.NoError(t, err)
 		done := make(chan error, 1)
 		go func() { _, err := idle.Wait(context.Background()); done <- err }()
+		// Gives Wait time to park in the C double's poll(2), which synctest cannot
+		// observe. The assertion below holds whichever comes first, Wait or Close:
+		// the sleep only makes the interesting order (Close wakes a parked Wait) likely.
 		time.Sleep(20 * time.Millisecond)
 		require.NoError(t, idle.Close())
 		select {
@@ -583,6 +588,7 @@ func fakeDevice(t *testing.T) {
 		require.NoError(t, q.ToError())
 		require.NoError(t, q.PostSend([]verbs.SendWR{{ID: 1}, {ID: 2}})) // flushed: two completions
 		var one [1]verbs.WorkCompletion
+		// Polls (real time: the C double's async event thread) for the overflow that must come.
 		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
 			_, err := small.Poll(one[:])
 			if errors.Is(err, verbs.ErrCQOverflow) {

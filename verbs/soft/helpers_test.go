@@ -154,6 +154,8 @@ func poll(t *testing.T, cq verbs.CQ, n int) []verbs.WorkCompletion {
 		if k == 0 {
 			require.False(t, time.Now().After(deadline), "waited for %d completions, got %v", n, out)
 			runtime.Gosched()
+			// Paces the poll for completions that must come; most soft tests run on
+			// real time (and in a synctest bubble this sleep moves the fake clock).
 			time.Sleep(10 * time.Microsecond)
 		}
 	}

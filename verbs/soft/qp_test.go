@@ -3,6 +3,7 @@ package soft_test
 import (
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -24,53 +25,64 @@ func TestRNRRetryCount(t *testing.T) {
 }
 
 // TestRNRRetryForeverKeepsRetrying checks that rnr_retry 7 retries well past 7 times and
-// that a receive posted meanwhile waits for the RNR timer.
+// that a receive posted meanwhile waits for the RNR timer. It runs on synctest's clock: the
+// RNR timer and the poll's backoff take no real time.
 func TestRNRRetryForeverKeepsRetrying(t *testing.T) {
-	f := newFabric(t, soft.Options{Devices: 2})
-	a, b := connectPair(t, f, pairOpts{rnrRetry: 7, rnrTimer: 1})
-	require.NoError(t, a.qp.PostSend([]verbs.SendWR{{ID: 1, Opcode: verbs.OpSend, Flags: verbs.SendSignaled}}))
-	deadline := time.Now().Add(20 * time.Second)
-	for f.Stats().RNRNAKs < 20 {
-		require.False(t, time.Now().After(deadline), "RNR retries stopped at %d", f.Stats().RNRNAKs)
-		time.Sleep(time.Millisecond)
-	}
-	requireEmpty(t, a.scq)
-	require.NoError(t, b.qp.PostRecv([]verbs.RecvWR{{ID: 9}}))
-	require.Equal(t, verbs.WCSuccess, poll(t, a.scq, 1)[0].Status)
-	require.Equal(t, uint64(9), poll(t, b.rcq, 1)[0].WRID)
+	synctest.Test(t, func(t *testing.T) {
+		f := newFabric(t, soft.Options{Devices: 2})
+		a, b := connectPair(t, f, pairOpts{rnrRetry: 7, rnrTimer: 1})
+		require.NoError(t, a.qp.PostSend([]verbs.SendWR{{ID: 1, Opcode: verbs.OpSend, Flags: verbs.SendSignaled}}))
+		deadline := time.Now().Add(20 * time.Second)
+		for f.Stats().RNRNAKs < 20 {
+			require.False(t, time.Now().After(deadline), "RNR retries stopped at %d", f.Stats().RNRNAKs)
+			time.Sleep(time.Millisecond)
+		}
+		requireEmpty(t, a.scq)
+		require.NoError(t, b.qp.PostRecv([]verbs.RecvWR{{ID: 9}}))
+		require.Equal(t, verbs.WCSuccess, poll(t, a.scq, 1)[0].Status)
+		require.Equal(t, uint64(9), poll(t, b.rcq, 1)[0].WRID)
+	})
 }
 
 // TestRetryBudget checks that a lost request is retransmitted retry_cnt times, one ACK
-// timeout apart, before RETRY_EXC_ERR.
+// timeout apart, before RETRY_EXC_ERR. On synctest's clock the elapsed time is exact.
 func TestRetryBudget(t *testing.T) {
-	const scale = 0.05
-	f := newFabric(t, soft.Options{Devices: 2, TimeScale: scale})
-	a, _ := connectPair(t, f, pairOpts{timeout: 16, retry: 2})
-	require.NoError(t, f.BreakQP(a.qp))
-	start := time.Now()
-	require.NoError(t, a.qp.PostSend([]verbs.SendWR{writeImm(1, a.mr, a.mr, 0, 8)}))
-	wc := poll(t, a.scq, 1)[0]
-	elapsed := time.Since(start)
-	require.Equal(t, verbs.WCRetryExcErr, wc.Status)
-	require.Equal(t, uint64(2), f.Stats().Retries)
-	budget := 3 * 4096 * (1 << 16) * time.Nanosecond / 20 // (retry+1) × 4.096 µs × 2^16, scaled
-	require.GreaterOrEqual(t, elapsed, budget, "RETRY_EXC_ERR before the retry budget")
-	require.Equal(t, verbs.QPStateError, a.qp.State())
+	synctest.Test(t, func(t *testing.T) {
+		const scale = 0.05
+		f := newFabric(t, soft.Options{Devices: 2, TimeScale: scale})
+		a, _ := connectPair(t, f, pairOpts{timeout: 16, retry: 2})
+		require.NoError(t, f.BreakQP(a.qp))
+		start := time.Now()
+		require.NoError(t, a.qp.PostSend([]verbs.SendWR{writeImm(1, a.mr, a.mr, 0, 8)}))
+		wc := poll(t, a.scq, 1)[0]
+		elapsed := time.Since(start)
+		require.Equal(t, verbs.WCRetryExcErr, wc.Status)
+		require.Equal(t, uint64(2), f.Stats().Retries)
+		budget := 3 * 4096 * (1 << 16) * time.Nanosecond / 20 // (retry+1) × 4.096 µs × 2^16, scaled
+		require.GreaterOrEqual(t, elapsed, budget, "RETRY_EXC_ERR before the retry budget")
+		require.Equal(t, verbs.QPStateError, a.qp.State())
+	})
 }
 
 // TestTimeoutZeroWaitsForever checks that with ACK timeout 0 a lost request is never
-// given up, and is flushed when the QP moves to ERROR.
+// given up, and is flushed when the QP moves to ERROR. It runs in a synctest bubble: the
+// fake clock moves a day on, past the longest ACK timeout any QP can arm, and once every
+// goroutine is durably blocked nothing more can happen, so the empty CQ is decided, not
+// sampled.
 func TestTimeoutZeroWaitsForever(t *testing.T) {
-	f := newFabric(t, soft.Options{Devices: 2})
-	a, b := connectPair(t, f, pairOpts{infiniteTimeout: true})
-	require.NoError(t, f.BreakQP(a.qp))
-	require.NoError(t, a.qp.PostSend([]verbs.SendWR{writeImm(1, a.mr, b.mr, 0, 8)}))
-	time.Sleep(20 * time.Millisecond)
-	requireEmpty(t, a.scq)
-	require.Equal(t, verbs.QPStateRTS, a.qp.State())
-	require.Zero(t, f.Stats().Retries)
-	require.NoError(t, a.qp.ToError())
-	require.Equal(t, verbs.WCWRFlushErr, poll(t, a.scq, 1)[0].Status)
+	synctest.Test(t, func(t *testing.T) {
+		f := newFabric(t, soft.Options{Devices: 2})
+		a, b := connectPair(t, f, pairOpts{infiniteTimeout: true})
+		require.NoError(t, f.BreakQP(a.qp))
+		require.NoError(t, a.qp.PostSend([]verbs.SendWR{writeImm(1, a.mr, b.mr, 0, 8)}))
+		time.Sleep(24 * time.Hour) // synctest's clock: fires any retry timer armed
+		synctest.Wait()
+		requireEmpty(t, a.scq)
+		require.Equal(t, verbs.QPStateRTS, a.qp.State())
+		require.Zero(t, f.Stats().Retries)
+		require.NoError(t, a.qp.ToError())
+		require.Equal(t, verbs.WCWRFlushErr, poll(t, a.scq, 1)[0].Status)
+	})
 }
 
 // TestPSNMismatch checks that a requester whose PSN the responder does not expect is lost.
@@ -230,33 +242,36 @@ func TestCQOverflowFailsQP(t *testing.T) {
 	require.Equal(t, verbs.QPStateRTS, b.qp.State())
 }
 
-// TestCompChannelClose checks channel life cycle rules.
+// TestCompChannelClose checks channel life cycle rules, Close waking a blocked Wait among
+// them: synctest.Wait decides that the waiter is parked before Close.
 func TestCompChannelClose(t *testing.T) {
-	f := newFabric(t, soft.Options{})
-	ctx, err := f.Open("soft0")
-	require.NoError(t, err)
-	defer ctx.Close()
-	ch, err := ctx.CreateCompChannel()
-	require.NoError(t, err)
-	cq, err := ctx.CreateCQ(4, ch)
-	require.NoError(t, err)
-	require.ErrorIs(t, ch.Close(), verbs.ErrBusy, "close channel with a CQ")
-	require.NoError(t, cq.ReqNotify(false))
-	require.NoError(t, cq.Close())
-	var wc [1]verbs.WorkCompletion
-	_, err = cq.Poll(wc[:])
-	require.ErrorIs(t, err, verbs.ErrClosed)
-	require.ErrorIs(t, cq.ReqNotify(false), verbs.ErrClosed)
+	synctest.Test(t, func(t *testing.T) {
+		f := newFabric(t, soft.Options{})
+		ctx, err := f.Open("soft0")
+		require.NoError(t, err)
+		defer ctx.Close()
+		ch, err := ctx.CreateCompChannel()
+		require.NoError(t, err)
+		cq, err := ctx.CreateCQ(4, ch)
+		require.NoError(t, err)
+		require.ErrorIs(t, ch.Close(), verbs.ErrBusy, "close channel with a CQ")
+		require.NoError(t, cq.ReqNotify(false))
+		require.NoError(t, cq.Close())
+		var wc [1]verbs.WorkCompletion
+		_, err = cq.Poll(wc[:])
+		require.ErrorIs(t, err, verbs.ErrClosed)
+		require.ErrorIs(t, cq.ReqNotify(false), verbs.ErrClosed)
 
-	done := make(chan error)
-	go func() {
-		_, err := ch.Wait(t.Context())
-		done <- err
-	}()
-	time.Sleep(time.Millisecond)
-	require.NoError(t, ch.Close())
-	require.ErrorIs(t, <-done, verbs.ErrClosed)
-	require.ErrorIs(t, ch.Close(), verbs.ErrClosed)
+		done := make(chan error)
+		go func() {
+			_, err := ch.Wait(t.Context())
+			done <- err
+		}()
+		synctest.Wait()
+		require.NoError(t, ch.Close())
+		require.ErrorIs(t, <-done, verbs.ErrClosed)
+		require.ErrorIs(t, ch.Close(), verbs.ErrClosed)
+	})
 }
 
 // TestCompChannelManyCQs checks that events of several CQs all reach waiters.

@@ -106,6 +106,8 @@ func TestFailDuringStream(t *testing.T) {
 		wg.Go(func() { statuses[i], errs[i] = stream(pair[0], pair[1], 1<<30, 1<<30, deadline) })
 	}
 	for f.Stats().WRs < 200 {
+		// Paces the wait for traffic that must start; a stress test of real
+		// goroutines on real time, which synctest would serialise.
 		time.Sleep(time.Millisecond)
 	}
 	require.NoError(t, f.FailQP(a.qp))

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -145,6 +146,33 @@ func TestPeerCloseGivesEOF(t *testing.T) {
 	requireReleased(t, f)
 }
 
+// TestCloseWhilePeerWrites closes a Conn whose peer keeps writing into it, with data
+// unread in its ring: Close returns, the peer's writer fails instead of blocking on
+// credits that will never come, and both ends release everything.
+func TestCloseWhilePeerWrites(t *testing.T) {
+	f := soft.New(soft.Options{})
+	a, b := connPair(t, f, Options{})
+	wrote := make(chan struct{})
+	writeErr := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 1024)
+		for i := 0; ; i++ {
+			if _, err := b.Write(buf); err != nil {
+				writeErr <- err
+				return
+			}
+			if i == 0 {
+				close(wrote)
+			}
+		}
+	}()
+	<-wrote // the witness: data is in flight, and the writer is still going
+	require.NoError(t, a.Close())
+	require.Error(t, <-writeErr, "the writer to a closed peer")
+	require.NoError(t, b.Close())
+	requireReleased(t, f)
+}
+
 func TestQPErrorFailsConn(t *testing.T) {
 	f := soft.New(soft.Options{TimeScale: 0.001})
 	a, b := connPair(t, f, Options{})
@@ -159,39 +187,54 @@ func TestQPErrorFailsConn(t *testing.T) {
 
 // TestKeepalive: with keepalives on at both ends an idle connection stays up, and a
 // peer that goes silent (its control channel stalls, here by freezing its keepalive
-// timer) is detected with ErrKeepaliveTimeout.
+// timer) is detected with ErrKeepaliveTimeout. It runs in a synctest bubble, the control
+// channel on net.Pipe (real sockets do not block durably): the idle spell and the
+// keepalive timers are on the bubble's clock, so "stays up" is decided, not sampled.
 func TestKeepalive(t *testing.T) {
-	f := soft.New(soft.Options{})
-	ca, cb := tcpPair(t)
-	ea, err := Prepare(f, loopback, Options{})
-	require.NoError(t, err)
-	eb, err := Prepare(f, loopback, Options{})
-	require.NoError(t, err)
-	const period = 20 * time.Millisecond
-	a, err := ea.Connect(eb.Offer(), ca, period)
-	require.NoError(t, err)
-	b, err := eb.Connect(ea.Offer(), cb, period)
-	require.NoError(t, err)
-	a.Start()
-	b.Start()
+	synctest.Test(t, func(t *testing.T) {
+		f := soft.New(soft.Options{})
+		ca, cb := net.Pipe()
+		ea, err := Prepare(f, loopback, Options{})
+		require.NoError(t, err)
+		eb, err := Prepare(f, loopback, Options{})
+		require.NoError(t, err)
+		const period = 20 * time.Millisecond
+		type res struct {
+			c   *Conn
+			err error
+		}
+		// net.Pipe is unbuffered: both ends exchange their handshake at once.
+		bc := make(chan res, 1)
+		go func() {
+			b, err := eb.Connect(ea.Offer(), cb, period)
+			bc <- res{b, err}
+		}()
+		a, err := ea.Connect(eb.Offer(), ca, period)
+		require.NoError(t, err)
+		r := <-bc
+		require.NoError(t, r.err)
+		b := r.c
+		a.Start()
+		b.Start()
 
-	time.Sleep(10 * period) // idle, alive
-	_, err = a.Write([]byte("x"))
-	require.NoError(t, err)
-	buf := make([]byte, 1)
-	_, err = io.ReadFull(b, buf)
-	require.NoError(t, err)
+		time.Sleep(100 * period) // idle on the bubble's clock: a hundred keepalive periods
+		_, err = a.Write([]byte("x"))
+		require.NoError(t, err, "connection idle for 100 periods")
+		buf := make([]byte, 1)
+		_, err = io.ReadFull(b, buf)
+		require.NoError(t, err)
 
-	b.mu.Lock()
-	b.keepalive.Stop() // b falls silent
-	b.closing = true   // and stays so: sendKeepalive will not rearm
-	b.mu.Unlock()
-	_, err = a.Read(buf)
-	require.ErrorIs(t, err, ErrKeepaliveTimeout)
-	b.mu.Lock()
-	b.closing = false
-	b.mu.Unlock()
-	a.Close()
-	b.Close()
-	requireReleased(t, f)
+		b.mu.Lock()
+		b.keepalive.Stop() // b falls silent
+		b.closing = true   // and stays so: sendKeepalive will not rearm
+		b.mu.Unlock()
+		_, err = a.Read(buf)
+		require.ErrorIs(t, err, ErrKeepaliveTimeout)
+		b.mu.Lock()
+		b.closing = false
+		b.mu.Unlock()
+		a.Close()
+		b.Close()
+		requireReleased(t, f)
+	})
 }

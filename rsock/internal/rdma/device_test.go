@@ -261,7 +261,7 @@ func TestDeviceListingShared(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, e.Abort())
 		require.Equal(t, int64(1), p.lists.Load())
-		time.Sleep(attrCacheTTL)
+		time.Sleep(attrCacheTTL) // synctest's clock: the cache expires at once
 		e, err = Prepare(p, loopback, Options{})
 		require.NoError(t, err)
 		require.NoError(t, e.Abort())

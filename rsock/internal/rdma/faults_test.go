@@ -339,6 +339,8 @@ func TestFaultCloseRacesWrites(t *testing.T) {
 			a, b := connPair(t, f, Options{RingSize: 16 << 10, SendBufferSize: 8 << 10})
 			closed := make(chan error, 1)
 			go func() {
+				// Staggers Close across the stream to land at different points of it;
+				// the assertions hold wherever it lands.
 				time.Sleep(time.Duration(i) * time.Millisecond)
 				closed <- a.Close()
 			}()
