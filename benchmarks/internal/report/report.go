@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"io"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"time"
 
@@ -35,6 +36,10 @@ type Machine struct {
 	GOMAXPROCS int    `json:"gomaxprocs"`
 	GoVersion  string `json:"go_version"`
 	Kernel     string `json:"kernel,omitempty"`
+	// Commit is the revision of rsock the binary was built from, with "-dirty" when the
+	// tree had changes, or "unknown" (go run and go test stamp none), so that a result
+	// can be told stale.
+	Commit string `json:"commit"`
 }
 
 // ThisMachine describes the machine the process runs on.
@@ -42,8 +47,39 @@ func ThisMachine() Machine {
 	return Machine{
 		GOOS: runtime.GOOS, GOARCH: runtime.GOARCH, CPU: cpuModel(),
 		NumCPU: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0),
-		GoVersion: runtime.Version(), Kernel: kernel(),
+		GoVersion: runtime.Version(), Kernel: kernel(), Commit: buildCommit(),
 	}
+}
+
+// buildCommit returns the VCS revision stamped into this binary, or "unknown".
+func buildCommit() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	return commitOf(info.Settings)
+}
+
+// commitOf picks the revision out of a binary's build settings: vcs.revision, with
+// "-dirty" when vcs.modified says the tree had changes, or "unknown".
+func commitOf(settings []debug.BuildSetting) string {
+	var rev string
+	var dirty bool
+	for _, s := range settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			dirty = s.Value == "true"
+		}
+	}
+	switch {
+	case rev == "":
+		return "unknown"
+	case dirty:
+		return rev + "-dirty"
+	}
+	return rev
 }
 
 // Result is one workload with one set of parameters on one transport: the median of

@@ -6,6 +6,7 @@ import (
 	"encoding/xml"
 	"errors"
 	"io"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -176,7 +177,7 @@ func TestWriteText(t *testing.T) {
 	var b bytes.Buffer
 	require.NoError(t, sampleReport().WriteText(&b))
 	out := b.String()
-	for _, want := range []string{"stream:", "pingpong:", "SoftVerbs", "4KiB", "vs RawTCP", "idle:", "192.0 KiB", "targets:", "RsockRDMA stream 64KiB ≥ 2× RawTCP"} {
+	for _, want := range []string{"commit:    " + sampleReport().Machine.Commit, "stream:", "pingpong:", "SoftVerbs", "4KiB", "vs RawTCP", "idle:", "192.0 KiB", "targets:", "RsockRDMA stream 64KiB ≥ 2× RawTCP"} {
 		require.Contains(t, out, want)
 	}
 }
@@ -187,6 +188,9 @@ func TestWriteJSON(t *testing.T) {
 	var back Report
 	require.NoError(t, json.Unmarshal(b.Bytes(), &back))
 	require.Len(t, back.Results, 13)
+	require.NotEmpty(t, back.Machine.Commit, "results say which code they measured")
+	require.Equal(t, sampleReport().Machine.Commit, back.Machine.Commit)
+	require.Contains(t, b.String(), `"commit":`)
 	require.Equal(t, "stream", back.Results[0].Workload)
 }
 
@@ -216,4 +220,23 @@ func TestWriteSVG(t *testing.T) {
 
 	require.Error(t, (&Report{}).WriteSVG(io.Discard), "a report without stream results")
 	require.True(t, strings.HasPrefix(throughputLabel(2000), "2 GB/s"))
+}
+
+func TestCommitOf(t *testing.T) {
+	const rev = "0123456789abcdef0123456789abcdef01234567"
+	tests := []struct {
+		name     string
+		settings []debug.BuildSetting
+		want     string
+	}{
+		{"no VCS stamp", nil, "unknown"},
+		{"clean tree", []debug.BuildSetting{{Key: "vcs", Value: "git"}, {Key: "vcs.revision", Value: rev}, {Key: "vcs.modified", Value: "false"}}, rev},
+		{"changed tree", []debug.BuildSetting{{Key: "vcs.revision", Value: rev}, {Key: "vcs.modified", Value: "true"}}, rev + "-dirty"},
+		{"modified without revision", []debug.BuildSetting{{Key: "vcs.modified", Value: "true"}}, "unknown"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			require.Equal(t, tt.want, commitOf(tt.settings))
+		})
+	}
 }
