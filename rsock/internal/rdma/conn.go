@@ -25,7 +25,7 @@ import (
 // on the poller's goroutine or at the end of a Read.
 type Conn struct {
 	ep   *Endpoint
-	qp   verbs.QP
+	qp   queuePair
 	ctrl net.Conn // bootstrap connection: liveness and close notification
 
 	rmu, wmu sync.Mutex
@@ -84,6 +84,16 @@ type Conn struct {
 	keepalive  *time.Timer
 	kaPeriod   time.Duration
 	graceTimer *time.Timer
+}
+
+// queuePair is what a Conn needs of its QP once connected: posting, its number, and
+// moving it to ERROR. A verbs.QP is one; the send and receive paths' tests drive a
+// Conn with a fake (conn_fake_test.go), without a provider.
+type queuePair interface {
+	PostSend(wrs []verbs.SendWR) error
+	PostRecv(wrs []verbs.RecvWR) error
+	QPN() uint32
+	ToError() error
 }
 
 // Connect brings the endpoint's QP to RTS against the peer's offer and returns the

@@ -63,7 +63,7 @@ func TestCloseLingerBound(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, first, got)
 
-			require.NoError(t, f.DelayQP(a.qp, time.Hour))
+			require.NoError(t, f.DelayQP(a.ep.qp, time.Hour))
 			_, err = a.Write(streamBytes(9, 10<<10))
 			require.NoError(t, err)
 			require.NoError(t, a.Close(), "only the linger time can end this Close")

@@ -176,7 +176,7 @@ func TestCloseWhilePeerWrites(t *testing.T) {
 func TestQPErrorFailsConn(t *testing.T) {
 	f := soft.New(soft.Options{TimeScale: 0.001})
 	a, b := connPair(t, f, Options{})
-	require.NoError(t, f.FailQP(a.qp))
+	require.NoError(t, f.FailQP(a.ep.qp))
 	buf := make([]byte, 8)
 	_, err := a.Read(buf)
 	require.True(t, errors.Is(err, ErrQPFailed), "Read after QP failure: %v", err)

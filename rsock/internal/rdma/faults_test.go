@@ -221,7 +221,7 @@ func TestFaultLinkBreak(t *testing.T) {
 
 func TestFaultQPError(t *testing.T) {
 	faultCase(t, func(f *soft.Fabric, a, b *Conn) {
-		require.NoError(t, f.FailQP(a.qp))
+		require.NoError(t, f.FailQP(a.ep.qp))
 	}, func(ab, ba direction) {
 		requireEndedBy(t, "a→b", ab, ErrQPFailed, ErrControlLost)
 		requireEndedBy(t, "b→a", ba, ErrQPFailed, ErrControlLost)
@@ -236,7 +236,7 @@ func TestFaultPeerDeath(t *testing.T) {
 	faultCase(t, func(f *soft.Fabric, a, b *Conn) {
 		b.ctrl.(*net.TCPConn).SetLinger(0)
 		b.ctrl.Close()
-		f.FailQP(b.qp)
+		f.FailQP(b.ep.qp)
 	}, func(ab, ba direction) {
 		requireEndedBy(t, "a→b", ab, ErrQPFailed, ErrControlLost, ErrPeerClosed)
 		requireEndedBy(t, "b→a", ba, ErrQPFailed, ErrControlLost)
