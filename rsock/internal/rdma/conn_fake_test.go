@@ -15,12 +15,12 @@ import (
 // paths can be driven without a provider: the test plays the device, handing the Conn
 // completions through onCompletion.
 type fakeQP struct {
-	mu       sync.Mutex
-	sends    []verbs.SendWR // copies of every posted send WR, SGLs included
-	recvs    []verbs.RecvWR
-	toError  int
-	postErr  error // PostSend and PostRecv fail with it when set
-	qpn      uint32
+	mu      sync.Mutex
+	sends   []verbs.SendWR // copies of every posted send WR, SGLs included
+	recvs   []verbs.RecvWR
+	toError int
+	postErr error // PostSend and PostRecv fail with it when set
+	qpn     uint32
 }
 
 func (q *fakeQP) PostSend(wrs []verbs.SendWR) error {
