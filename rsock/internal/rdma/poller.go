@@ -19,6 +19,21 @@ type completionHandler interface {
 	onCQError(err error)
 }
 
+// completionQueue is what a poller needs of its CQ: a verbs.CQ is one, and
+// poller_test.go drives a poller with a fake.
+type completionQueue interface {
+	Poll(wcs []verbs.WorkCompletion) (int, error)
+	ReqNotify(solicitedOnly bool) error
+	Close() error
+}
+
+// completionEvents is what a poller needs of its completion channel: a
+// verbs.CompChannel is one.
+type completionEvents interface {
+	Wait(ctx context.Context) (verbs.CQ, error)
+	Close() error
+}
+
 // pollBatch is how many completions one Poll call reaps.
 const pollBatch = 64
 
@@ -30,10 +45,11 @@ const pollBatch = 64
 // The goroutine runs only while at least one QP is attached: the first attach starts it
 // and the last detach stops it, so an idle process holds no poller goroutines.
 type poller struct {
-	cq       verbs.CQ
-	ch       verbs.CompChannel
-	spin     int // empty polls before sleeping
-	capacity int // CQ entries; attach refuses QPs whose queues would not fit
+	cq       completionQueue  // what the goroutine polls and arms
+	ch       completionEvents // where it sleeps
+	qpCQ     verbs.CQ         // the same CQ as the provider's object, for QPs created on it
+	spin     int              // empty polls before sleeping
+	capacity int              // CQ entries; attach refuses QPs whose queues would not fit
 
 	mu       sync.RWMutex
 	handlers map[uint32]completionHandler
@@ -55,7 +71,7 @@ func newPoller(ctx verbs.Context, capacity, spin int) (*poller, error) {
 		ch.Close()
 		return nil, fmt.Errorf("create CQ of %d entries: %w", capacity, err)
 	}
-	return &poller{cq: cq, ch: ch, spin: spin, capacity: capacity, handlers: make(map[uint32]completionHandler)}, nil
+	return &poller{cq: cq, ch: ch, qpCQ: cq, spin: spin, capacity: capacity, handlers: make(map[uint32]completionHandler)}, nil
 }
 
 // reserve claims entries CQ entries for a QP about to be created on this CQ. It fails

@@ -173,8 +173,8 @@ func PrepareContext(ctx context.Context, p verbs.Provider, ip netip.Addr, opts O
 	}
 	ep.inline = min(dev.attr.MaxInline, maxInline)
 	ep.qp, err = dev.pd.CreateQP(verbs.QPInitAttr{
-		SendCQ: ep.poller.cq,
-		RecvCQ: ep.poller.cq,
+		SendCQ: ep.poller.qpCQ,
+		RecvCQ: ep.poller.qpCQ,
 		Caps: verbs.QPCaps{
 			MaxSendWR: opts.SendWQEs, MaxRecvWR: opts.RecvWQEs,
 			MaxSendSGE: 1, MaxRecvSGE: 1, MaxInlineData: ep.inline,

@@ -1,0 +1,202 @@
+package rdma
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"testing/synctest"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rsockio/rsock/verbs"
+)
+
+// fakeCQ is a completion queue and its channel in one, for driving a poller without a
+// provider: the test pushes completions, which raise an event when the CQ is armed, as
+// a device's would.
+type fakeCQ struct {
+	mu      sync.Mutex
+	queue   []verbs.WorkCompletion
+	armed   bool
+	pollErr error
+	arms    int
+	events  chan struct{} // cap 1: an event is pending
+	closed  bool
+}
+
+func newFakeCQ() *fakeCQ { return &fakeCQ{events: make(chan struct{}, 1)} }
+
+// push queues completions and raises an event if the CQ is armed.
+func (f *fakeCQ) push(wcs ...verbs.WorkCompletion) {
+	f.mu.Lock()
+	f.queue = append(f.queue, wcs...)
+	f.raiseLocked()
+	f.mu.Unlock()
+}
+
+// failWith makes the next Poll fail with err, and wakes a sleeping poller.
+func (f *fakeCQ) failWith(err error) {
+	f.mu.Lock()
+	f.pollErr = err
+	f.armed = true
+	f.raiseLocked()
+	f.mu.Unlock()
+}
+
+func (f *fakeCQ) raiseLocked() {
+	if f.armed {
+		f.armed = false
+		signal(f.events)
+	}
+}
+
+func (f *fakeCQ) Poll(wcs []verbs.WorkCompletion) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.pollErr != nil {
+		return 0, f.pollErr
+	}
+	n := copy(wcs, f.queue)
+	f.queue = f.queue[n:]
+	return n, nil
+}
+
+func (f *fakeCQ) ReqNotify(bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.armed = true
+	f.arms++
+	return nil
+}
+
+func (f *fakeCQ) Close() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.closed = true
+	return nil
+}
+
+// fakeEvents is the fake CQ's completion channel.
+type fakeEvents struct{ cq *fakeCQ }
+
+func (e fakeEvents) Wait(ctx context.Context) (verbs.CQ, error) {
+	select {
+	case <-e.cq.events:
+		return nil, nil // the poller does not look at which CQ
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (e fakeEvents) Close() error { return nil }
+
+// recorder is a completionHandler that keeps what it is handed.
+type recorder struct {
+	mu     sync.Mutex
+	wrids  []uint64
+	cqErrs []error
+}
+
+func (r *recorder) onCompletion(wc *verbs.WorkCompletion) {
+	r.mu.Lock()
+	r.wrids = append(r.wrids, wc.WRID)
+	r.mu.Unlock()
+}
+
+func (r *recorder) onCQError(err error) {
+	r.mu.Lock()
+	r.cqErrs = append(r.cqErrs, err)
+	r.mu.Unlock()
+}
+
+func (r *recorder) got() ([]uint64, []error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]uint64(nil), r.wrids...), append([]error(nil), r.cqErrs...)
+}
+
+func newFakePoller(cq *fakeCQ, capacity, spin int) *poller {
+	return &poller{cq: cq, ch: fakeEvents{cq}, spin: spin, capacity: capacity, handlers: make(map[uint32]completionHandler)}
+}
+
+// TestPollerDispatchesByQPN checks that completions reach the handler of their QP, in
+// order, whether the poller is spinning or asleep on the channel; that a completion of
+// a QP no longer attached is dropped; and that the last detach stops the goroutine. It
+// runs in a synctest bubble, so "the poller is asleep" is decided by synctest.Wait.
+func TestPollerDispatchesByQPN(t *testing.T) {
+	for _, spin := range []int{0, 100} {
+		t.Run(map[int]string{0: "sleeps at once", 100: "spins first"}[spin], func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				cq := newFakeCQ()
+				p := newFakePoller(cq, 64, spin)
+				a, b := &recorder{}, &recorder{}
+				require.NoError(t, p.attach(1, a))
+				require.NoError(t, p.attach(2, b))
+
+				synctest.Wait() // asleep on the channel, the CQ armed
+				cq.mu.Lock()
+				require.True(t, cq.armed, "a sleeping poller has armed its CQ")
+				cq.mu.Unlock()
+				cq.push(verbs.WorkCompletion{WRID: 10, QPN: 1}, verbs.WorkCompletion{WRID: 20, QPN: 2},
+					verbs.WorkCompletion{WRID: 11, QPN: 1}, verbs.WorkCompletion{WRID: 99, QPN: 7})
+				synctest.Wait()
+				wa, _ := a.got()
+				wb, _ := b.got()
+				require.Equal(t, []uint64{10, 11}, wa)
+				require.Equal(t, []uint64{20}, wb)
+
+				p.detach(2)
+				cq.push(verbs.WorkCompletion{WRID: 21, QPN: 2}, verbs.WorkCompletion{WRID: 12, QPN: 1})
+				synctest.Wait()
+				wa, _ = a.got()
+				wb, _ = b.got()
+				require.Equal(t, []uint64{10, 11, 12}, wa)
+				require.Equal(t, []uint64{20}, wb, "detached: nothing more")
+
+				p.detach(1) // the last: returns once the goroutine has exited
+				require.NoError(t, p.close())
+			})
+		})
+	}
+}
+
+// TestPollerCQFailure checks that a failing CQ tells every attached handler, once,
+// stops the goroutine, and refuses later attaches and reservations.
+func TestPollerCQFailure(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cq := newFakeCQ()
+		p := newFakePoller(cq, 64, 0)
+		require.True(t, p.reserve(32))
+		a, b := &recorder{}, &recorder{}
+		require.NoError(t, p.attach(1, a))
+		require.NoError(t, p.attach(2, b))
+		synctest.Wait()
+		cq.failWith(verbs.ErrCQOverflow)
+		synctest.Wait()
+		for _, r := range []*recorder{a, b} {
+			_, errs := r.got()
+			require.Len(t, errs, 1)
+			require.ErrorIs(t, errs[0], verbs.ErrCQOverflow)
+		}
+		err := p.attach(3, &recorder{})
+		require.ErrorIs(t, err, verbs.ErrCQOverflow)
+		require.False(t, p.reserve(1), "a failed CQ takes no more QPs")
+		p.detach(1)
+		p.detach(2)
+		require.NoError(t, p.close())
+		require.True(t, errors.Is(p.err, verbs.ErrCQOverflow))
+	})
+}
+
+// TestPollerReserve checks the CQ-capacity accounting that keeps a shared CQ from
+// overflowing.
+func TestPollerReserve(t *testing.T) {
+	p := newFakePoller(newFakeCQ(), 100, 0)
+	require.True(t, p.reserve(60))
+	require.False(t, p.reserve(41), "past capacity")
+	require.True(t, p.reserve(40))
+	p.unreserve(60)
+	require.True(t, p.reserve(60))
+	require.False(t, p.reserve(1))
+}
