@@ -19,6 +19,9 @@ var ctrlKeepalive = [1]byte{'K'}
 // on its way through our poller.
 const closeGrace = 500 * time.Millisecond
 
+// maxCloseGrace bounds the wait for the FIN while the poller is behind.
+const maxCloseGrace = 30 * time.Second
+
 // CloseWrite sends a FIN after all data written so far: the peer reads io.EOF after the
 // bytes. Later Writes fail. Reads are unaffected.
 func (c *Conn) CloseWrite() error {
@@ -221,13 +224,31 @@ func (c *Conn) controlLost(err error) {
 	if errors.Is(err, io.EOF) {
 		lost = fmt.Errorf("%w: closed by the peer before its FIN arrived", ErrControlLost)
 	}
-	c.graceTimer = time.AfterFunc(closeGrace, func() {
+	// The peer's FIN completed before it closed the channel, so it is in our CQ or
+	// dispatched already, unless the peer died. Give the poller closeGrace to reach it,
+	// and more while it is still behind (a busy CQ, a loaded machine), up to
+	// maxCloseGrace: only a poller that has caught up and found no FIN proves the loss.
+	var p *poller // nil for a Conn built without an Endpoint (tests): no extension
+	var mark uint64
+	if c.ep != nil && c.ep.poller != nil {
+		p = c.ep.poller
+		mark = p.emptied.Load()
+	}
+	deadline := time.Now().Add(maxCloseGrace)
+	var check func()
+	check = func() {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		if !c.fc.PeerClosed() {
+		switch {
+		case c.fc.PeerClosed() || c.closing:
+		case p != nil && !p.caughtUpSince(mark) && time.Now().Before(deadline):
+			mark = p.emptied.Load()
+			c.graceTimer.Reset(closeGrace)
+		default:
 			c.failLocked(lost)
 		}
-	})
+	}
+	c.graceTimer = time.AfterFunc(closeGrace, check)
 }
 
 func ignoreClosed(err error) error {

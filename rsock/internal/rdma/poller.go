@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 
 	"github.com/rsockio/rsock/verbs"
 )
@@ -59,6 +60,20 @@ type poller struct {
 	done     chan struct{}
 
 	wcs [pollBatch]verbs.WorkCompletion // owned by the goroutine
+
+	// Progress, for a connection deciding whether a completion it expects could still be
+	// in the CQ (see caughtUpSince): emptied counts the polls that found the CQ empty,
+	// and asleep is set while the goroutine waits for an event.
+	emptied atomic.Uint64
+	asleep  atomic.Bool
+}
+
+// caughtUpSince reports whether the poller has seen its CQ empty after the moment its
+// emptied count was mark, or is asleep with nothing to reap: then every completion that
+// was in the CQ at that moment has been dispatched. A poller that is behind on a busy
+// CQ (or a loaded machine) has not, and a completion may still be waiting in the CQ.
+func (p *poller) caughtUpSince(mark uint64) bool {
+	return p.asleep.Load() || p.emptied.Load() != mark
 }
 
 func newPoller(ctx verbs.Context, capacity, spin int) (*poller, error) {
@@ -147,6 +162,7 @@ func (p *poller) run(ctx context.Context, done chan struct{}) {
 			empty = 0
 			continue
 		}
+		p.emptied.Add(1)
 		if empty < p.spin {
 			empty++
 			runtime.Gosched()
@@ -166,7 +182,11 @@ func (p *poller) run(ctx context.Context, done chan struct{}) {
 			empty = 0
 			continue
 		}
-		if _, err := p.ch.Wait(ctx); err != nil {
+		p.emptied.Add(1)
+		p.asleep.Store(true)
+		_, err = p.ch.Wait(ctx)
+		p.asleep.Store(false)
+		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}

@@ -200,3 +200,17 @@ func TestPollerReserve(t *testing.T) {
 	require.True(t, p.reserve(60))
 	require.False(t, p.reserve(1))
 }
+
+// TestPollerCaughtUpSince: a poller has caught up with its CQ since a mark once a poll
+// found the CQ empty after it, or while it sleeps; a poller that has reaped only full
+// batches since the mark has not (a FIN may still wait in its CQ).
+func TestPollerCaughtUpSince(t *testing.T) {
+	var p poller
+	mark := p.emptied.Load()
+	require.False(t, p.caughtUpSince(mark), "no empty poll since the mark, not asleep")
+	p.emptied.Add(1)
+	require.True(t, p.caughtUpSince(mark), "an empty poll after the mark")
+	mark = p.emptied.Load()
+	p.asleep.Store(true)
+	require.True(t, p.caughtUpSince(mark), "asleep: nothing left to reap")
+}
