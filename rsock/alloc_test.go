@@ -3,11 +3,12 @@
 package rsock
 
 import (
-	"io"
+	"net"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/rsockio/rsock/internal/allocguard"
 	"github.com/rsockio/rsock/verbs/soft"
 )
 
@@ -25,66 +26,14 @@ func TestConnSteadyStateAllocs(t *testing.T) {
 			fab := soft.New(soft.Options{})
 			scfg, ccfg := rdmaConfigs(t, f, fab)
 			ln := listen(t, scfg)
-			pair := func(t *testing.T) (*Conn, *Conn) {
+			pair := func(t *testing.T) (net.Conn, net.Conn) {
 				c, s := pipe(t, ln, ccfg)
 				require.Equal(t, TransportRDMA, c.Transport(), "client: %v", c.FallbackReason())
 				require.Equal(t, TransportRDMA, s.Transport(), "server: %v", s.FallbackReason())
 				return c, s
 			}
 
-			t.Run("stream", func(t *testing.T) {
-				w, r := pair(t)
-				done := make(chan struct{})
-				go func() {
-					defer close(done)
-					buf := make([]byte, size)
-					for {
-						if _, err := io.ReadFull(r, buf); err != nil {
-							return
-						}
-					}
-				}()
-				buf := make([]byte, size)
-				allocs := testing.AllocsPerRun(200, func() {
-					if _, err := w.Write(buf); err != nil {
-						panic(err)
-					}
-				})
-				require.NoError(t, w.Close())
-				<-done
-				require.NoError(t, r.Close())
-				require.Zero(t, allocs, "allocations per %d-byte Write and Read", size)
-			})
-
-			t.Run("ping-pong", func(t *testing.T) {
-				a, b := pair(t)
-				done := make(chan struct{})
-				go func() {
-					defer close(done)
-					buf := make([]byte, size)
-					for {
-						if _, err := io.ReadFull(b, buf); err != nil {
-							return
-						}
-						if _, err := b.Write(buf); err != nil {
-							return
-						}
-					}
-				}()
-				buf := make([]byte, size)
-				allocs := testing.AllocsPerRun(100, func() {
-					if _, err := a.Write(buf); err != nil {
-						panic(err)
-					}
-					if _, err := io.ReadFull(a, buf); err != nil {
-						panic(err)
-					}
-				})
-				require.NoError(t, a.Close())
-				<-done
-				require.NoError(t, b.Close())
-				require.Zero(t, allocs, "allocations per %d-byte round trip", size)
-			})
+			allocguard.SteadyState(t, size, pair)
 
 			require.NoError(t, ln.Close())
 			requireReleased(t, fab)

@@ -3,11 +3,12 @@
 package rdma
 
 import (
-	"io"
+	"net"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/rsockio/rsock/internal/allocguard"
 	"github.com/rsockio/rsock/verbs"
 	"github.com/rsockio/rsock/verbs/auto"
 	"github.com/rsockio/rsock/verbs/soft"
@@ -36,7 +37,7 @@ func TestSteadyStateAllocs(t *testing.T) {
 	const size = 64 << 10
 	for _, pv := range provs {
 		t.Run(pv.name, func(t *testing.T) {
-			pair := func(t *testing.T) (*Conn, *Conn) {
+			pair := func(t *testing.T) (net.Conn, net.Conn) {
 				ca, cb := tcpPair(t)
 				ea, err := Prepare(pv.p, loopback, Options{})
 				require.NoError(t, err, "prepare on %s at %v (the device must hold a GID for it)", pv.name, loopback)
@@ -51,59 +52,7 @@ func TestSteadyStateAllocs(t *testing.T) {
 				return a, b
 			}
 
-			t.Run("stream", func(t *testing.T) {
-				w, r := pair(t)
-				done := make(chan struct{})
-				go func() {
-					defer close(done)
-					buf := make([]byte, size)
-					for {
-						if _, err := io.ReadFull(r, buf); err != nil {
-							return
-						}
-					}
-				}()
-				buf := make([]byte, size)
-				allocs := testing.AllocsPerRun(200, func() {
-					if _, err := w.Write(buf); err != nil {
-						panic(err)
-					}
-				})
-				require.NoError(t, w.Close())
-				<-done
-				require.NoError(t, r.Close())
-				require.Zero(t, allocs, "allocations per %d-byte Write and Read", size)
-			})
-
-			t.Run("ping-pong", func(t *testing.T) {
-				a, b := pair(t)
-				done := make(chan struct{})
-				go func() {
-					defer close(done)
-					buf := make([]byte, size)
-					for {
-						if _, err := io.ReadFull(b, buf); err != nil {
-							return
-						}
-						if _, err := b.Write(buf); err != nil {
-							return
-						}
-					}
-				}()
-				buf := make([]byte, size)
-				allocs := testing.AllocsPerRun(100, func() {
-					if _, err := a.Write(buf); err != nil {
-						panic(err)
-					}
-					if _, err := io.ReadFull(a, buf); err != nil {
-						panic(err)
-					}
-				})
-				require.NoError(t, a.Close())
-				<-done
-				require.NoError(t, b.Close())
-				require.Zero(t, allocs, "allocations per %d-byte round trip", size)
-			})
+			allocguard.SteadyState(t, size, pair)
 			if pv.f != nil {
 				requireReleased(t, pv.f)
 			}
