@@ -235,8 +235,7 @@ func (c *Conn) controlLost(err error) {
 		mark = p.emptied.Load()
 	}
 	deadline := time.Now().Add(maxCloseGrace)
-	var check func()
-	check = func() {
+	check := func() {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		switch {
