@@ -6,8 +6,6 @@ import (
 	"net"
 	"testing"
 
-	"github.com/stretchr/testify/require"
-
 	"github.com/rsockio/rsock/internal/allocguard"
 	"github.com/rsockio/rsock/verbs"
 	"github.com/rsockio/rsock/verbs/auto"
@@ -38,18 +36,7 @@ func TestSteadyStateAllocs(t *testing.T) {
 	for _, pv := range provs {
 		t.Run(pv.name, func(t *testing.T) {
 			pair := func(t *testing.T) (net.Conn, net.Conn) {
-				ca, cb := tcpPair(t)
-				ea, err := Prepare(pv.p, loopback, Options{})
-				require.NoError(t, err, "prepare on %s at %v (the device must hold a GID for it)", pv.name, loopback)
-				eb, err := Prepare(pv.p, loopback, Options{})
-				require.NoError(t, err)
-				a, err := ea.Connect(eb.Offer(), ca, 0)
-				require.NoError(t, err)
-				b, err := eb.Connect(ea.Offer(), cb, 0)
-				require.NoError(t, err)
-				a.Start()
-				b.Start()
-				return a, b
+				return connPair(t, pv.p, Options{}) // on a device, it must hold a GID for 127.0.0.1
 			}
 
 			allocguard.SteadyState(t, size, pair)

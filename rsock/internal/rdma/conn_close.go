@@ -241,8 +241,7 @@ func (c *Conn) controlLost(err error) {
 		switch {
 		case c.fc.PeerClosed() || c.closing:
 		case p != nil && !p.caughtUpSince(mark) && time.Now().Before(deadline):
-			mark = p.emptied.Load()
-			c.graceTimer.Reset(closeGrace)
+			c.graceTimer.Reset(closeGrace) // mark stands: no empty poll since it
 		default:
 			c.failLocked(lost)
 		}

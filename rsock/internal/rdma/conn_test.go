@@ -17,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 	"golang.org/x/net/nettest"
 
+	"github.com/rsockio/rsock/verbs"
 	"github.com/rsockio/rsock/verbs/soft"
 )
 
@@ -46,20 +47,10 @@ func tcpPair(t testing.TB) (net.Conn, net.Conn) {
 	return a, r.c
 }
 
-// connPair connects two Conns over fabric f with opts on both sides.
-func connPair(t testing.TB, f *soft.Fabric, opts Options) (*Conn, *Conn) {
-	ca, cb := tcpPair(t)
-	ea, err := Prepare(f, loopback, opts)
-	require.NoError(t, err)
-	eb, err := Prepare(f, loopback, opts)
-	require.NoError(t, err)
-	a, err := ea.Connect(eb.Offer(), ca, 0)
-	require.NoError(t, err)
-	b, err := eb.Connect(ea.Offer(), cb, 0)
-	require.NoError(t, err)
-	a.Start()
-	b.Start()
-	return a, b
+// connPair connects two Conns over provider p, both on loopback, with opts on both
+// sides.
+func connPair(t testing.TB, p verbs.Provider, opts Options) (*Conn, *Conn) {
+	return connPairIPs(t, p, loopback.String(), loopback.String(), opts)
 }
 
 func TestNetConn(t *testing.T) {

@@ -32,11 +32,11 @@ func faultFabric() *soft.Fabric {
 }
 
 // connPairIPs connects a Conn on the device of ipA to one on the device of ipB.
-func connPairIPs(t testing.TB, f *soft.Fabric, ipA, ipB string, opts Options) (*Conn, *Conn) {
+func connPairIPs(t testing.TB, p verbs.Provider, ipA, ipB string, opts Options) (*Conn, *Conn) {
 	ca, cb := tcpPair(t)
-	ea, err := Prepare(f, netip.MustParseAddr(ipA), opts)
+	ea, err := Prepare(p, netip.MustParseAddr(ipA), opts)
 	require.NoError(t, err)
-	eb, err := Prepare(f, netip.MustParseAddr(ipB), opts)
+	eb, err := Prepare(p, netip.MustParseAddr(ipB), opts)
 	require.NoError(t, err)
 	a, err := ea.Connect(eb.Offer(), ca, 0)
 	require.NoError(t, err)
