@@ -14,9 +14,11 @@ import (
 )
 
 // device is one opened RDMA device shared by every connection of the process that uses
-// it: one context, one protection domain and a growing set of pollers, each owning a CQ.
-// It is reference-counted: the last connection to let go closes everything, so that an
-// idle process holds no device resources.
+// it: one context and a growing set of pollers, each owning a CQ. It holds no protection
+// domain: each connection allocates its own (see "Isolation" in the package docs), so
+// that no peer can reach another connection's memory. It is reference-counted: the last
+// connection to let go closes everything, so that an idle process holds no device
+// resources.
 //
 // The device holds no port or GID: those belong to each connection ([portPath]), chosen
 // by the connection's own local IP, since connections from different local addresses
@@ -25,12 +27,11 @@ type device struct {
 	key  deviceKey
 	attr verbs.DeviceAttr
 
-	// ready is closed when the opening goroutine has finished; ctx, pd and openErr
-	// are written before and only read after.
+	// ready is closed when the opening goroutine has finished; ctx and openErr are
+	// written before and only read after.
 	ready   chan struct{}
 	openErr error
 	ctx     verbs.Context
-	pd      verbs.PD
 
 	refs int // guarded by devices
 
@@ -123,20 +124,16 @@ func acquireDevice(ctx context.Context, p verbs.Provider, ip netip.Addr) (*devic
 	return d, path, nil
 }
 
-// open opens the device and allocates its protection domain, then wakes the callers of
-// acquireDevice waiting for it. A failed opening leaves the table, so that the next
-// caller tries again; a device every waiter gave up on is closed.
+// open opens the device, then wakes the callers of acquireDevice waiting for it. A
+// failed opening leaves the table, so that the next caller tries again; a device every
+// waiter gave up on is closed.
 func (d *device) open(p verbs.Provider) {
 	ctx, err := p.Open(d.key.name)
-	var pd verbs.PD
 	if err != nil {
 		err = fmt.Errorf("open device %s: %w", d.key.name, err)
-	} else if pd, err = ctx.AllocPD(); err != nil {
-		ctx.Close()
-		err = fmt.Errorf("allocate protection domain on %s: %w", d.key.name, err)
 	}
 	devices.Lock()
-	d.ctx, d.pd, d.openErr = ctx, pd, err
+	d.ctx, d.openErr = ctx, err
 	abandoned := err == nil && d.refs == 0
 	if (err != nil || abandoned) && devices.open[d.key] == d {
 		delete(devices.open, d.key)
@@ -144,7 +141,6 @@ func (d *device) open(p verbs.Provider) {
 	close(d.ready)
 	devices.Unlock()
 	if abandoned {
-		pd.Close()
 		ctx.Close()
 	}
 }
@@ -247,7 +243,7 @@ func (d *device) release() error {
 	for _, p := range pollers {
 		errs = append(errs, p.close())
 	}
-	errs = append(errs, d.pd.Close(), d.ctx.Close())
+	errs = append(errs, d.ctx.Close())
 	return errors.Join(errs...)
 }
 

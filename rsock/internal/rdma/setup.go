@@ -40,6 +40,22 @@ type Options struct {
 	// after them, to be acknowledged by the peer (see "Closing" in the package docs).
 	// Default 5 s; negative means Close does not wait.
 	Linger time.Duration
+	// Budget, if not nil, is charged for the endpoint's QP and every byte it registers,
+	// and refunded as they are destroyed; a refused charge fails Prepare (see Budget).
+	Budget Budget
+}
+
+// Budget bounds the resources of the endpoints charged to it. rsock's Listener gives the
+// endpoints it prepares for unauthenticated clients one that counts per listener and per
+// remote address. Charge is called before a QP is created or memory is registered, so a
+// refusal allocates nothing; Refund gives back what Charge granted. Both must be safe for
+// concurrent use, and Refund may come from any goroutine (the one that closes the Conn).
+type Budget interface {
+	// Charge asks for qps more queue pairs and bytes more bytes of registered memory.
+	// Its error, if any, says which limit refuses them.
+	Charge(qps, bytes int) error
+	// Refund returns qps queue pairs and bytes registered bytes.
+	Refund(qps, bytes int)
 }
 
 // Defaults. An idle connection holds RingSize+SendBufferSize = 192 KiB of registered
@@ -115,18 +131,25 @@ type Offer struct {
 
 // Endpoint is our side of a connection being set up: a QP in INIT with its ring
 // registered and receive WQEs posted, waiting for the peer's Offer.
+//
+// Its QP and memory live in a protection domain of its own, pd: every registration and
+// QP goes through ep.pd (regMR, never a PD of the device), so that the peer of this QP
+// can reach this endpoint's ring and nothing else (see "Isolation" in the package docs).
 type Endpoint struct {
-	opts     Options
-	dev      *device
-	path     portPath // port and source GID, chosen by the bootstrap connection's local IP
-	poller   *poller
-	entries  int // CQ entries reserved on poller
-	ring     verbs.MR
-	sendBuf  verbs.MR
-	qp       verbs.QP
-	psn      uint32
-	inline   int
-	admitted bool // counted in dev.conns
+	opts      Options
+	dev       *device
+	pd        verbs.PD // this endpoint's own protection domain
+	path      portPath // port and source GID, chosen by the bootstrap connection's local IP
+	poller    *poller
+	entries   int // CQ entries reserved on poller
+	ring      verbs.MR
+	sendBuf   verbs.MR
+	qp        verbs.QP
+	psn       uint32
+	inline    int
+	admitted  bool // counted in dev.conns
+	qpCharge  int  // queue pairs charged to opts.Budget
+	memCharge int  // registered bytes charged to opts.Budget
 }
 
 // Prepare is PrepareContext with a background context.
@@ -140,39 +163,46 @@ func Prepare(p verbs.Provider, ip netip.Addr, opts Options) (*Endpoint, error) {
 //
 // ctx bounds the steps that can take long: listing the provider's devices and opening
 // the device (see acquireDevice). When ctx ends first, PrepareContext returns an error
-// matching ctx.Err(). The verbs calls that follow (CQ, MRs, QP) are single system
+// matching ctx.Err(). The verbs calls that follow (CQ, PD, MRs, QP) are single system
 // calls; ctx is checked once more after them.
 func PrepareContext(ctx context.Context, p verbs.Provider, ip netip.Addr, opts Options) (_ *Endpoint, err error) {
 	opts = opts.withDefaults()
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	dev, path, err := acquireDevice(ctx, p, ip)
-	if err != nil {
-		return nil, err
+	ep := &Endpoint{opts: opts}
+	if err := ep.charge(1, 0); err != nil {
+		return nil, fmt.Errorf("queue pair: %w", err)
 	}
-	if !dev.admit(opts.MaxConns) {
-		dev.release()
-		return nil, fmt.Errorf("%w: %d on %s", ErrTooManyConns, opts.MaxConns, dev.attr.Name)
-	}
-	ep := &Endpoint{opts: opts, dev: dev, path: path, admitted: true, entries: opts.SendWQEs + opts.RecvWQEs}
 	defer func() {
 		if err != nil {
 			ep.release()
 		}
 	}()
+	dev, path, err := acquireDevice(ctx, p, ip)
+	if err != nil {
+		return nil, err
+	}
+	ep.dev, ep.path = dev, path
+	if !dev.admit(opts.MaxConns) {
+		return nil, fmt.Errorf("%w: %d on %s", ErrTooManyConns, opts.MaxConns, dev.attr.Name)
+	}
+	ep.admitted, ep.entries = true, opts.SendWQEs+opts.RecvWQEs
 	if ep.poller, err = dev.pollerFor(ep.entries, opts.CQSize, opts.PollSpin); err != nil {
 		ep.entries = 0
 		return nil, err
 	}
-	if ep.ring, err = dev.pd.RegMR(opts.RingSize, verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
+	if ep.pd, err = dev.ctx.AllocPD(); err != nil {
+		return nil, fmt.Errorf("allocate protection domain on %s: %w", dev.attr.Name, err)
+	}
+	if ep.ring, err = ep.regMR(opts.RingSize, verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
 		return nil, fmt.Errorf("register %d-byte receive ring: %w", opts.RingSize, err)
 	}
-	if ep.sendBuf, err = dev.pd.RegMR(opts.SendBufferSize, verbs.AccessLocalWrite); err != nil {
+	if ep.sendBuf, err = ep.regMR(opts.SendBufferSize, verbs.AccessLocalWrite); err != nil {
 		return nil, fmt.Errorf("register %d-byte send buffer: %w", opts.SendBufferSize, err)
 	}
 	ep.inline = min(dev.attr.MaxInline, maxInline)
-	ep.qp, err = dev.pd.CreateQP(verbs.QPInitAttr{
+	ep.qp, err = ep.pd.CreateQP(verbs.QPInitAttr{
 		SendCQ: ep.poller.qpCQ,
 		RecvCQ: ep.poller.qpCQ,
 		Caps: verbs.QPCaps{
@@ -256,7 +286,53 @@ func (ep *Endpoint) connectQP(peer Offer) error {
 	return nil
 }
 
-// release frees whatever the endpoint holds, in reverse order of creation.
+// regMR registers n bytes with the given access in the endpoint's own protection
+// domain, charged to its budget. Every region of the endpoint is registered here.
+func (ep *Endpoint) regMR(n int, access verbs.AccessFlags) (verbs.MR, error) {
+	if err := ep.charge(0, n); err != nil {
+		return nil, err
+	}
+	mr, err := ep.pd.RegMR(n, access)
+	if err != nil {
+		ep.refund(0, n)
+		return nil, err
+	}
+	return mr, nil
+}
+
+// deregMR deregisters a region regMR registered and refunds its bytes.
+func (ep *Endpoint) deregMR(mr verbs.MR) error {
+	n := len(mr.Bytes())
+	err := mr.Close()
+	ep.refund(0, n)
+	return err
+}
+
+// charge asks the budget, if any, for qps queue pairs and bytes registered bytes.
+func (ep *Endpoint) charge(qps, bytes int) error {
+	if ep.opts.Budget == nil {
+		return nil
+	}
+	if err := ep.opts.Budget.Charge(qps, bytes); err != nil {
+		return err
+	}
+	ep.qpCharge += qps
+	ep.memCharge += bytes
+	return nil
+}
+
+// refund returns what charge took.
+func (ep *Endpoint) refund(qps, bytes int) {
+	if ep.opts.Budget == nil {
+		return
+	}
+	ep.qpCharge -= qps
+	ep.memCharge -= bytes
+	ep.opts.Budget.Refund(qps, bytes)
+}
+
+// release frees whatever the endpoint holds, in reverse order of creation, and refunds
+// its budget.
 func (ep *Endpoint) release() error {
 	var errs []error
 	if ep.qp != nil {
@@ -264,13 +340,18 @@ func (ep *Endpoint) release() error {
 		ep.qp = nil
 	}
 	if ep.sendBuf != nil {
-		errs = append(errs, ep.sendBuf.Close())
+		errs = append(errs, ep.deregMR(ep.sendBuf))
 		ep.sendBuf = nil
 	}
 	if ep.ring != nil {
-		errs = append(errs, ep.ring.Close())
+		errs = append(errs, ep.deregMR(ep.ring))
 		ep.ring = nil
 	}
+	if ep.pd != nil {
+		errs = append(errs, ep.pd.Close())
+		ep.pd = nil
+	}
+	ep.refund(ep.qpCharge, ep.memCharge) // the QP, and anything not refunded above
 	if ep.poller != nil {
 		ep.poller.unreserve(ep.entries)
 		ep.poller = nil
