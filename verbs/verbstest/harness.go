@@ -63,6 +63,7 @@ type endpoint struct {
 	gid      verbs.GID
 	psn      uint32
 	cfg      config
+	guest    bool // ctx belongs to another endpoint, which closes it
 }
 
 var psnSeq atomic.Uint32
@@ -103,7 +104,28 @@ func newEndpoint(t *testing.T, pp providers, dev int, name string, cfg config) *
 	}
 	require.True(t, found, "device %s has no active port", attr.Name)
 	e.gidIndex, e.gid = pickGID(e.port)
+	e.create()
+	return e
+}
 
+// newEndpointOn creates an endpoint on the open context of host, with a protection
+// domain, CQs, region and QP of its own: a second connection of one process on one
+// device. The context stays host's, which closes it after this endpoint (cleanups run
+// last-registered first).
+func newEndpointOn(t *testing.T, host *endpoint, name string, cfg config) *endpoint {
+	t.Helper()
+	e := &endpoint{t: t, name: name, cfg: cfg, psn: 0x10000 + psnSeq.Add(0x111)&0xffff,
+		ctx: host.ctx, port: host.port, gidIndex: host.gidIndex, gid: host.gid, guest: true}
+	t.Cleanup(e.destroy)
+	e.create()
+	return e
+}
+
+// create allocates the endpoint's PD, channel, CQs, region and QP on its open context.
+func (e *endpoint) create() {
+	t, cfg := e.t, e.cfg
+	t.Helper()
+	var err error
 	e.pd, err = e.ctx.AllocPD()
 	require.NoError(t, err)
 	if cfg.channel {
@@ -119,7 +141,6 @@ func newEndpoint(t *testing.T, pp providers, dev int, name string, cfg config) *
 	e.qp, err = e.pd.CreateQP(verbs.QPInitAttr{SendCQ: e.scq, RecvCQ: e.rcq, Caps: cfg.caps, SignalAll: cfg.signalAll})
 	require.NoError(t, err)
 	require.Equal(t, verbs.QPStateReset, e.qp.State(), "state of a new QP")
-	return e
 }
 
 // pickGID prefers a RoCE v2 GID holding an IPv4 address, then any RoCE v2 GID, then the
@@ -178,7 +199,9 @@ func (e *endpoint) destroy() {
 	if e.pd != nil {
 		closeAll("PD", e.pd)
 	}
-	closeAll("context", e.ctx)
+	if !e.guest {
+		closeAll("context", e.ctx)
+	}
 }
 
 // regMR registers another region in the endpoint's PD.

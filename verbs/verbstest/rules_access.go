@@ -224,3 +224,48 @@ func testLocalProtection(t *testing.T, p providers) {
 		})
 	}
 }
+
+// testRemoteAccessOtherConnection: the isolation a process gets by giving each connection
+// a protection domain of its own on one device context. Two connections, whose responder
+// ends b1 and b2 share a context but not a PD: a request on the first that names the
+// second's region, by its rkey and address, is refused as any rkey outside the responder
+// QP's PD is (REM_ACCESS_ERR at the requester, both QPs of the first connection in
+// ERROR, the receive WQE a WRITE_WITH_IMM consumed completed as in runRemoteAccess), the
+// region is untouched, and the second connection carries on: its QPs stay in RTS and a
+// WRITE_WITH_IMM on it lands. rxe looks the rkey up and compares the region's PD with the
+// QP's; hardware does the same with its protection tables.
+func testRemoteAccessOtherConnection(t *testing.T, p providers) {
+	for _, op := range []verbs.Opcode{verbs.OpRDMAWrite, verbs.OpRDMAWriteWithImm} {
+		name := map[verbs.Opcode]string{verbs.OpRDMAWrite: "Write", verbs.OpRDMAWriteWithImm: "WriteWithImm"}[op]
+		t.Run(name, func(t *testing.T) {
+			a1, b1 := newPair(t, p, defaults())
+			a2 := newEndpoint(t, p, 0, "a2", defaults())
+			b2 := newEndpointOn(t, b1, "b2", defaults())
+			connect(a2, b2)
+			postRecvs(t, b1.qp, 40, 1)
+			postRecvs(t, b2.qp, 50, 1)
+			fillMR(t, a1.mr, 0, 4096, 5)
+			fillMR(t, a2.mr, 0, 4096, 6)
+			before := readBytes(t, b2.mr, 0, 4096)
+
+			post(t, a1.qp, writeWR(1, a1.mr, 0, 4096, b2.mr, 0, op, verbs.SendSignaled))
+			requireWC(t, pollOne(t, a1.scq), 1, verbs.WCRemAccessErr)
+			waitState(t, a1.qp, verbs.QPStateError)
+			waitState(t, b1.qp, verbs.QPStateError)
+			if op == verbs.OpRDMAWriteWithImm {
+				requireWCIn(t, pollOne(t, b1.rcq), 40, verbs.WCWRFlushErr, verbs.WCRemAccessErr)
+			} else {
+				requireWC(t, pollOne(t, b1.rcq), 40, verbs.WCWRFlushErr)
+			}
+			require.Equal(t, before, readBytes(t, b2.mr, 0, 4096), "region of the other connection changed")
+
+			require.Equal(t, verbs.QPStateRTS, b2.qp.State(), "the other connection's responder")
+			require.Equal(t, verbs.QPStateRTS, a2.qp.State(), "the other connection's requester")
+			requireEmpty(t, b2.rcq, "the other connection")
+			post(t, a2.qp, writeWR(2, a2.mr, 0, 64, b2.mr, 128, verbs.OpRDMAWriteWithImm, verbs.SendSignaled))
+			requireWC(t, pollOne(t, a2.scq), 2, verbs.WCSuccess)
+			requireWC(t, pollOne(t, b2.rcq), 50, verbs.WCSuccess)
+			require.Equal(t, readBytes(t, a2.mr, 0, 64), readBytes(t, b2.mr, 128, 64), "the other connection's write")
+		})
+	}
+}

@@ -21,6 +21,9 @@
 //   - RemoteAccessBadRKey, RemoteAccessBounds, RemoteAccessFlags: rkey, bounds and access
 //     rights are checked; a violation is REM_ACCESS_ERR (REM_INV_REQ_ERR allowed for the
 //     QP's access flags) and both QPs go to ERROR.
+//   - RemoteAccessOtherConnection: with a protection domain per connection on one
+//     context, a request naming another connection's region is refused the same way,
+//     and that other connection carries on untouched.
 //   - SendLongerThanRecvBuffer: LOC_LEN_ERR and REM_INV_REQ_ERR (or REM_OP_ERR), both
 //     QPs in ERROR.
 //   - Ordering, WriteWithImmVisibleBeforeCompletion: per-QP order of execution and
@@ -131,6 +134,7 @@ var rules = []rule{
 	{"RemoteAccessBadRKey", testRemoteAccessBadRKey},
 	{"RemoteAccessBounds", testRemoteAccessBounds},
 	{"RemoteAccessFlags", testRemoteAccessFlags},
+	{"RemoteAccessOtherConnection", testRemoteAccessOtherConnection},
 	{"SendLongerThanRecvBuffer", testSendLongerThanRecvBuffer},
 	{"Ordering", testOrdering},
 	{"WriteWithImmVisibleBeforeCompletion", testWriteWithImmVisible},
