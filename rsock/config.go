@@ -50,6 +50,12 @@ const (
 	DefaultPlainSniffTimeout       = 200 * time.Millisecond
 	DefaultReadBufferSize          = rdma.DefaultReadBufferSize
 	DefaultLinger                  = rdma.DefaultLinger
+
+	// Bounds on what a Listener's clients hold over RDMA (see Config.MaxRDMAConnsPerRemote).
+	DefaultMaxRDMAConnsPerRemote          = 8192
+	DefaultMaxRDMAConnsPerListener        = 32768
+	DefaultMaxRegisteredMemoryPerRemote   = 2 << 30
+	DefaultMaxRegisteredMemoryPerListener = 8 << 30
 )
 
 // Config configures Listen, Dial and Dialer. A nil *Config, and each zero field, means
@@ -127,6 +133,28 @@ type Config struct {
 	// it). Connections beyond it fall back, with a reason matching
 	// [ErrResourcesExhausted].
 	MaxRDMAConns int
+
+	// MaxRDMAConnsPerRemote and MaxRDMAConnsPerListener bound the RDMA connections (each
+	// one queue pair) that a Listener's clients hold at once: those from one remote
+	// address, and all of them. MaxRegisteredMemoryPerRemote and
+	// MaxRegisteredMemoryPerListener bound the bytes of memory the Listener registers
+	// (pins) for them, the same way. They are counted from the moment a client's offer
+	// is answered, before the client has proven anything, until the connection closes.
+	// A connection past a limit falls back to its bootstrap transport, both sides with
+	// a reason matching [ErrResourcesExhausted] that names the limit and its figure
+	// (the client's through the server's decline). A remote address is the client's
+	// IP, or for IPv6 its /64. Negative means no limit. Dialers ignore these fields.
+	//
+	// The defaults (DefaultMaxRDMAConnsPerRemote and its siblings: 8192 and 32768
+	// connections, 2 GiB and 8 GiB) let one client host hold a quarter of what the
+	// listener will, and keep a listener's connections at half the queue pairs of a
+	// Soft-RoCE device, while a client host with pools of thousands of connections
+	// (rsock's own 5,000-connection benchmark) still runs on RDMA. Lower them for a
+	// server that untrusted hosts can reach.
+	MaxRDMAConnsPerRemote          int
+	MaxRDMAConnsPerListener        int
+	MaxRegisteredMemoryPerRemote   int64
+	MaxRegisteredMemoryPerListener int64
 	// PollSpin is how many empty completion-queue polls the engine makes, yielding
 	// between them, before it sleeps on the completion channel. Negative never spins.
 	PollSpin int
@@ -167,6 +195,18 @@ func (c *Config) resolve() (*Config, error) {
 	def(&r.PlainSniffTimeout, DefaultPlainSniffTimeout)
 	if r.MaxConcurrentHandshakes == 0 {
 		r.MaxConcurrentHandshakes = DefaultMaxConcurrentHandshakes
+	}
+	if r.MaxRDMAConnsPerRemote == 0 {
+		r.MaxRDMAConnsPerRemote = DefaultMaxRDMAConnsPerRemote
+	}
+	if r.MaxRDMAConnsPerListener == 0 {
+		r.MaxRDMAConnsPerListener = DefaultMaxRDMAConnsPerListener
+	}
+	if r.MaxRegisteredMemoryPerRemote == 0 {
+		r.MaxRegisteredMemoryPerRemote = DefaultMaxRegisteredMemoryPerRemote
+	}
+	if r.MaxRegisteredMemoryPerListener == 0 {
+		r.MaxRegisteredMemoryPerListener = DefaultMaxRegisteredMemoryPerListener
 	}
 	if r.Logger == nil {
 		r.Logger = slog.New(slog.DiscardHandler)

@@ -62,7 +62,7 @@ func (l *Listener) answer(ctx context.Context, raw bootConn, transport string, h
 
 	var reason error = &FallbackError{Err: ErrPeerOfferedNone}
 	if h.offersRDMA() {
-		a := &acceptState{cfg: l.cfg, boot: raw, transport: transport}
+		a := &acceptState{cfg: l.cfg, boot: raw, transport: transport, budget: l.budget.forRemote(raw.RemoteAddr())}
 		up, err := a.acceptRDMA(ctx, &h)
 		switch {
 		case err != nil:

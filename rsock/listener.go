@@ -22,9 +22,10 @@ import (
 // With Config.Fallback set to FallbackQUIC, the Listener serves QUIC on UDP and TCP on
 // the same port number.
 type Listener struct {
-	cfg  *Config // resolved
-	tcp  *net.TCPListener
-	quic *fallback.QUICListener // nil without FallbackQUIC
+	cfg    *Config         // resolved
+	budget *listenerBudget // RDMA resources its clients hold (limits.go)
+	tcp    *net.TCPListener
+	quic   *fallback.QUICListener // nil without FallbackQUIC
 
 	conns  chan *Conn    // handshaken connections, to Accept
 	slots  chan struct{} // one token per connection in its handshake or waiting for Accept
@@ -50,6 +51,7 @@ func Listen(network, address string, cfg *Config) (*Listener, error) {
 	}
 	l := &Listener{
 		cfg:      rc,
+		budget:   newListenerBudget(rc),
 		conns:    make(chan *Conn),
 		slots:    make(chan struct{}, rc.MaxConcurrentHandshakes),
 		inflight: make(map[net.Conn]struct{}),

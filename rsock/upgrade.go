@@ -67,7 +67,7 @@ type dialState struct {
 // sent. To upgrade, it sends an offer with this side's RDMA endpoint, waits for the
 // server's answer and connects the queue pairs.
 func (d *dialState) offerRDMA(ctx context.Context) (upgrade, error) {
-	ep, reason, err := prepareEndpoint(ctx, d.cfg, d.boot)
+	ep, reason, err := prepareEndpoint(ctx, d.cfg, d.boot, nil)
 	if err != nil {
 		return upgrade{}, err
 	}
@@ -113,16 +113,17 @@ func (d *dialState) offerRDMA(ctx context.Context) (upgrade, error) {
 
 // acceptState is the server side of a connection being set up.
 type acceptState struct {
-	cfg       *Config  // resolved
-	boot      bootConn // the bootstrap connection; the client's offer has been read
-	transport string   // TransportTCP or TransportQUIC
+	cfg       *Config     // resolved
+	boot      bootConn    // the bootstrap connection; the client's offer has been read
+	transport string      // TransportTCP or TransportQUIC
+	budget    rdma.Budget // the Listener's, seen from the client's address (limits.go)
 }
 
 // acceptRDMA answers a client's offer that carries an RDMA endpoint. To upgrade, it
 // prepares this side's endpoint, connects its QP to the client's, sends an accept
 // carrying it and waits for the client's confirmation.
 func (a *acceptState) acceptRDMA(ctx context.Context, offer *hello) (upgrade, error) {
-	ep, reason, err := prepareEndpoint(ctx, a.cfg, a.boot)
+	ep, reason, err := prepareEndpoint(ctx, a.cfg, a.boot, a.budget)
 	if err != nil {
 		return upgrade{}, err
 	}
@@ -159,8 +160,9 @@ func (a *acceptState) acceptRDMA(ctx context.Context, offer *hello) (upgrade, er
 // (reason, a *FallbackError). ctx bounds it (the handshake's context: the dial's or the
 // Listener's, ending with the handshake timeout); when ctx ends first, the endpoint is
 // not prepared and err, matching ctx.Err(), fails the handshake: a device too slow to
-// list or open within the handshake timeout is not a reason to overrun it.
-func prepareEndpoint(ctx context.Context, cfg *Config, boot bootConn) (ep *rdma.Endpoint, reason, err error) {
+// list or open within the handshake timeout is not a reason to overrun it. budget, if
+// not nil, is charged for the endpoint's QP and registered memory.
+func prepareEndpoint(ctx context.Context, cfg *Config, boot bootConn, budget rdma.Budget) (ep *rdma.Endpoint, reason, err error) {
 	p, err := cfg.provider()
 	if err != nil {
 		return nil, &FallbackError{Err: err}, nil
@@ -169,7 +171,9 @@ func prepareEndpoint(ctx context.Context, cfg *Config, boot bootConn) (ep *rdma.
 	if !ok {
 		return nil, &FallbackError{Err: fmt.Errorf("%w: no local IP address for %v", ErrNoDevice, boot.LocalAddr())}, nil
 	}
-	ep, err = rdma.PrepareContext(ctx, p, ip, cfg.rdmaOptions())
+	opts := cfg.rdmaOptions()
+	opts.Budget = budget
+	ep, err = rdma.PrepareContext(ctx, p, ip, opts)
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return nil, nil, fmt.Errorf("prepare rdma endpoint: %w", ctx.Err())
@@ -201,7 +205,10 @@ func localIP(c bootConn) (netip.Addr, bool) {
 
 // prepareReason turns a failure to prepare an endpoint into a fallback reason.
 func prepareReason(p verbs.Provider, err error) error {
+	var limit *limitError
 	switch {
+	case errors.As(err, &limit):
+		return fmt.Errorf("%w: %w", ErrResourcesExhausted, limit)
 	case errors.Is(err, verbs.ErrNoDevice):
 		return fmt.Errorf("%w: provider %s: %w", ErrNoDevice, p.Name(), err)
 	case errors.Is(err, verbs.ErrNoResources), errors.Is(err, rdma.ErrTooManyConns):
