@@ -83,6 +83,16 @@
 // [Config.PlainSniffTimeout] (200 ms by default) without a byte from it, and so hears
 // from the server that much later.
 //
+// What a Listener's clients can hold before they have proven anything is bounded: the
+// handshakes in progress ([Config.MaxConcurrentHandshakes]), and over RDMA the
+// connections (each a queue pair) and the registered memory, per remote address (an
+// IPv6 client's /64) and per listener ([Config.MaxRDMAConnsPerRemote] and its
+// siblings). A connection past a limit falls back to its bootstrap transport with a
+// reason matching [ErrResourcesExhausted] that names the limit and its figure, on both
+// sides. Each RDMA connection has a protection domain of its own, so a peer can write
+// only into its own connection's ring: a write aimed at another connection's ring,
+// with its rkey, fails with a remote access error and ends the writer's connection.
+//
 // # The hello on the wire
 //
 // All integers are big-endian. Each hello is an 8-byte header and a body of at most

@@ -7,8 +7,9 @@
 // register a ring, exchanges the two [Offer]s over the bootstrap connection, and calls
 // [Endpoint.Connect] to bring the QP to RTS and obtain a [Conn].
 //
-// Devices are shared: one opened context, protection domain and set of CQs per
-// provider and device, whatever the number of connections. The port and the source GID
+// Devices are shared: one opened context and set of CQs per provider and device,
+// whatever the number of connections; the protection domain is each connection's own
+// (see Isolation). The port and the source GID
 // belong to each connection: [PrepareContext] picks them by the bootstrap connection's
 // local IP and names the GID by its hardware index in the port's table, which may have
 // holes. Finding and opening the device is bounded by the caller's context, and a burst
@@ -18,7 +19,37 @@
 // (Write), conn_recv.go (Read and spilling), conn_spill.go (the unpinned receive
 // buffer), conn_flow.go (credits and completions), conn_close.go (FIN and teardown),
 // poller.go (completion polling shared by many connections), device.go (per-device
-// shared context, PD and CQs).
+// shared context and CQs).
+//
+// # Isolation
+//
+// A connection's ring can be written only by its own peer's QP. Each [Endpoint]
+// allocates a protection domain of its own and creates its QP and registers its ring
+// and send buffer in it (Endpoint.regMR; nothing registers in any other PD). The device
+// checks, on every request, that the rkey names a region of the responder QP's PD: a
+// peer that learns or guesses another connection's ring address and rkey and writes
+// there gets a remote access error, its own connection's QP goes to ERROR (that
+// connection fails with ErrQPFailed), and the other connection sees nothing.
+// TestFaultCrossConnectionWrite shows it on soft and on a kernel device, and the verbs
+// conformance rule RemoteAccessOtherConnection holds every provider to it.
+//
+// Why a PD per connection and not type-2 memory windows over shared regions: a PD costs
+// one small kernel object per connection and nothing on the data path, and works on
+// every device. A type-2 window is bound by a work request on its QP, so only once the
+// QP is in RTS: its rkey could not travel in the hello before the peer may write, the
+// bind would cost a round trip or race the peer's first write, and every ring resize
+// would be another bind through the send queue and its credits. Windows pay off when
+// many connections share one registration (pooled pinned memory). With a PD per
+// connection, pooling stays per connection: a ring grows and shrinks by registering
+// regions in the connection's PD, and the pages behind them may come from a
+// process-wide pool of unpinned memory; one registration is never shared. If
+// registration cost ever dominates (many short connections), windows bound to each QP
+// over a per-process region are the way on, behind the same seam (regMR and Budget).
+//
+// Options.Budget bounds what an endpoint may hold: it is charged for the QP and for
+// every registered byte before they are allocated, and refunded as they are released.
+// rsock's Listener charges the endpoints of its unauthenticated clients to per-listener
+// and per-remote-address limits.
 //
 // # Buffering
 //
