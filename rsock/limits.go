@@ -67,8 +67,12 @@ func remoteKey(a net.Addr) (netip.Prefix, bool) {
 
 // forRemote returns the budget a connection from remote address a charges. A remote
 // address that is not IP (which TCP and QUIC never give) is counted in the listener's
-// total only.
+// total only. A nil listenerBudget (a Listener built without Listen, in tests) bounds
+// nothing: forRemote returns nil.
 func (b *listenerBudget) forRemote(a net.Addr) rdma.Budget {
+	if b == nil {
+		return nil
+	}
 	key, ok := remoteKey(a)
 	return &remoteBudget{b: b, key: key, keyed: ok}
 }

@@ -253,3 +253,11 @@ func TestRDMALimitsOnlyOnListeners(t *testing.T) {
 	require.NoError(t, ln.Close())
 	requireReleased(t, fab)
 }
+
+// TestNilListenerBudget: a Listener built without Listen has no budget, and its
+// connections are charged to none (not to a nil one, which would fail at the first
+// charge).
+func TestNilListenerBudget(t *testing.T) {
+	var lb *listenerBudget
+	require.Nil(t, lb.forRemote(tcpAddr("10.0.0.1:1")))
+}
