@@ -149,8 +149,7 @@ type Config struct {
 	// connections, 2 GiB and 8 GiB) let one client host hold a quarter of what the
 	// listener will, and keep a listener's connections at half the queue pairs of a
 	// Soft-RoCE device, while a client host with pools of thousands of connections
-	// (rsock's own 5,000-connection benchmark) still runs on RDMA. Lower them for a
-	// server that untrusted hosts can reach.
+	// still runs on RDMA. Lower them for a server that untrusted hosts can reach.
 	MaxRDMAConnsPerRemote          int
 	MaxRDMAConnsPerListener        int
 	MaxRegisteredMemoryPerRemote   int64

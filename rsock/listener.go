@@ -22,10 +22,11 @@ import (
 // With Config.Fallback set to FallbackQUIC, the Listener serves QUIC on UDP and TCP on
 // the same port number.
 type Listener struct {
-	cfg    *Config         // resolved
+	cfg  *Config // resolved
+	tcp  *net.TCPListener
+	quic *fallback.QUICListener // nil without FallbackQUIC
+
 	budget *listenerBudget // RDMA resources its clients hold (limits.go)
-	tcp    *net.TCPListener
-	quic   *fallback.QUICListener // nil without FallbackQUIC
 
 	conns  chan *Conn    // handshaken connections, to Accept
 	slots  chan struct{} // one token per connection in its handshake or waiting for Accept

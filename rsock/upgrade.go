@@ -113,10 +113,13 @@ func (d *dialState) offerRDMA(ctx context.Context) (upgrade, error) {
 
 // acceptState is the server side of a connection being set up.
 type acceptState struct {
-	cfg       *Config     // resolved
-	boot      bootConn    // the bootstrap connection; the client's offer has been read
-	transport string      // TransportTCP or TransportQUIC
-	budget    rdma.Budget // the Listener's, seen from the client's address (limits.go)
+	cfg       *Config  // resolved
+	boot      bootConn // the bootstrap connection; the client's offer has been read
+	transport string   // TransportTCP or TransportQUIC
+
+	// budget is charged for the endpoint: the Listener's, seen from the client's
+	// address (limits.go).
+	budget rdma.Budget
 }
 
 // acceptRDMA answers a client's offer that carries an RDMA endpoint. To upgrade, it

@@ -136,20 +136,21 @@ type Offer struct {
 // QP goes through ep.pd (regMR, never a PD of the device), so that the peer of this QP
 // can reach this endpoint's ring and nothing else (see "Isolation" in the package docs).
 type Endpoint struct {
-	opts      Options
-	dev       *device
-	pd        verbs.PD // this endpoint's own protection domain
-	path      portPath // port and source GID, chosen by the bootstrap connection's local IP
-	poller    *poller
-	entries   int // CQ entries reserved on poller
-	ring      verbs.MR
-	sendBuf   verbs.MR
-	qp        verbs.QP
-	psn       uint32
-	inline    int
-	admitted  bool // counted in dev.conns
-	qpCharge  int  // queue pairs charged to opts.Budget
-	memCharge int  // registered bytes charged to opts.Budget
+	opts     Options
+	dev      *device
+	pd       verbs.PD // this endpoint's own protection domain
+	path     portPath // port and source GID, chosen by the bootstrap connection's local IP
+	poller   *poller
+	entries  int // CQ entries reserved on poller
+	ring     verbs.MR
+	sendBuf  verbs.MR
+	qp       verbs.QP
+	psn      uint32
+	inline   int
+	admitted bool // counted in dev.conns
+
+	// What is charged to opts.Budget: queue pairs and registered bytes.
+	qpCharge, memCharge int
 }
 
 // Prepare is PrepareContext with a background context.
