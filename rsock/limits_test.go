@@ -175,23 +175,26 @@ func TestRDMAResourceLimits(t *testing.T) {
 	const ring, sendBuf = 64 << 10, 16 << 10
 	const perConn = ring + sendBuf // what a server endpoint registers
 	tests := []struct {
-		name  string
-		set   func(c *Config)
-		limit string // in the server's reason
+		name      string
+		transport Fallback
+		set       func(c *Config)
+		limit     string // in the server's reason
 	}{
-		{"connections per remote address", func(c *Config) { c.MaxRDMAConnsPerRemote = 2 },
+		{"connections per remote address", FallbackTCP, func(c *Config) { c.MaxRDMAConnsPerRemote = 2 },
 			"limit of 2 RDMA connections for remote address 127.0.0.1"},
-		{"connections per listener", func(c *Config) { c.MaxRDMAConnsPerRemote, c.MaxRDMAConnsPerListener = -1, 2 },
+		{"connections per remote address over QUIC", FallbackQUIC, func(c *Config) { c.MaxRDMAConnsPerRemote = 2 },
+			"limit of 2 RDMA connections for remote address 127.0.0.1"},
+		{"connections per listener", FallbackTCP, func(c *Config) { c.MaxRDMAConnsPerRemote, c.MaxRDMAConnsPerListener = -1, 2 },
 			"limit of 2 RDMA connections for the listener"},
-		{"memory per remote address, refused at the ring", func(c *Config) { c.MaxRegisteredMemoryPerRemote = 2*perConn + ring/2 },
+		{"memory per remote address, refused at the ring", FallbackTCP, func(c *Config) { c.MaxRegisteredMemoryPerRemote = 2*perConn + ring/2 },
 			"bytes of registered memory for remote address 127.0.0.1 reached: 163840 held, 65536 more asked"},
-		{"memory per listener, refused at the send buffer", func(c *Config) { c.MaxRegisteredMemoryPerListener = 2*perConn + ring },
+		{"memory per listener, refused at the send buffer", FallbackTCP, func(c *Config) { c.MaxRegisteredMemoryPerListener = 2*perConn + ring },
 			"bytes of registered memory for the listener reached: 229376 held, 16384 more asked"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			fab := soft.New(soft.Options{})
-			scfg, ccfg := rdmaConfigs(t, FallbackTCP, fab)
+			scfg, ccfg := rdmaConfigs(t, tt.transport, fab)
 			scfg.RingSize, scfg.SendBufferSize = ring, sendBuf
 			tt.set(scfg)
 			ln := listen(t, scfg)
@@ -202,7 +205,7 @@ func TestRDMAResourceLimits(t *testing.T) {
 				conns = append(conns, c, s)
 			}
 			c, s := pipe(t, ln, ccfg)
-			require.Equal(t, TransportTCP, c.Transport(), "past the limit")
+			require.Equal(t, tt.transport.String(), c.Transport(), "past the limit")
 			require.ErrorIs(t, s.FallbackReason(), ErrResourcesExhausted)
 			require.Contains(t, s.FallbackReason().Error(), tt.limit)
 			require.ErrorIs(t, c.FallbackReason(), ErrResourcesExhausted)
