@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/rsockio/rsock/fallback"
@@ -100,7 +101,7 @@ func secure(ctx context.Context, c *Conn, cfg *Config, client bool) error {
 		return fmt.Errorf("rdma security: tls handshake: %w", ctxErr(ctx, err))
 	}
 	raw.SetDeadline(time.Time{})
-	c.s = tlsStream{tc}
+	c.s = &tlsStream{Conn: tc}
 	c.transport = TransportRDMATLS
 	return nil
 }
@@ -159,6 +160,18 @@ func (s *streamConn) RemoteAddr() net.Addr { return s.remote }
 // tlsStream is a Conn's data path over TLS. CloseWrite sends TLS's close_notify, which
 // the peer's Read returns as io.EOF; the RDMA stream underneath stays open for the
 // peer's bytes until Close.
-type tlsStream struct{ *tls.Conn }
+type tlsStream struct {
+	*tls.Conn
+	closeOnce sync.Once
+	closeErr  error
+}
 
-var _ stream = tlsStream{}
+// Close closes the TLS stream and the RDMA stream under it. As the RDMA stream's own
+// Close, a second call waits for the first to finish and returns its result (crypto/tls
+// would return at once, before the RDMA resources are released).
+func (s *tlsStream) Close() error {
+	s.closeOnce.Do(func() { s.closeErr = s.Conn.Close() })
+	return s.closeErr
+}
+
+var _ stream = (*tlsStream)(nil)

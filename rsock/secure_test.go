@@ -236,3 +236,23 @@ func TestSecureCancelled(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled)
 	require.Equal(t, TransportRDMA, c.Transport(), "a failed exchange must not report TLS")
 }
+
+// TestSecureConcurrentClose closes an encrypted RDMA connection from two goroutines at
+// once, as net/http does: both Closes return only once the RDMA resources are released.
+func TestSecureConcurrentClose(t *testing.T) {
+	fab := soft.New(soft.Options{})
+	scfg, ccfg := configs(t, FallbackQUIC)
+	scfg.Provider, ccfg.Provider = fab, fab
+	ln := listen(t, scfg)
+	for range 10 {
+		c, s := pipe(t, ln, ccfg)
+		require.Equal(t, TransportRDMATLS, c.Transport())
+		require.NoError(t, s.Close())
+		var wg sync.WaitGroup
+		for range 2 {
+			wg.Go(func() { c.Close() })
+		}
+		wg.Wait()
+		requireReleased(t, fab)
+	}
+}
