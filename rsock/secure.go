@@ -62,34 +62,57 @@ func (l *Listener) secureAccepted(c *Conn, transport string) error {
 }
 
 // secure exchanges mode bytes on c's RDMA stream and starts TLS over it unless both
-// sides allow plaintext.
+// sides allow plaintext. ctx bounds it: its deadline becomes the stream's, and its end
+// wakes the stream's blocked calls.
 func secure(ctx context.Context, c *Conn, cfg *Config, client bool) error {
 	raw := c.s
 	if deadline, ok := ctx.Deadline(); ok {
 		raw.SetDeadline(deadline)
 	}
-	stop := context.AfterFunc(ctx, func() { raw.SetDeadline(aLongTimeAgo) })
-	defer stop()
+	fired := make(chan struct{})
+	stopAfter := context.AfterFunc(ctx, func() {
+		raw.SetDeadline(aLongTimeAgo)
+		close(fired)
+	})
+	s, err := negotiate(ctx, c, cfg, client)
+	if !stopAfter() {
+		<-fired // the stream's deadline is in the past: the connection is unusable
+		if err == nil {
+			err = fmt.Errorf("rdma security: %w", ctx.Err())
+		}
+	}
+	if err != nil {
+		return err
+	}
+	raw.SetDeadline(time.Time{})
+	if s != nil {
+		c.s = s
+		c.transport = TransportRDMATLS
+	}
+	return nil
+}
 
+// negotiate runs the mode exchange and, unless both sides allow plaintext, the TLS
+// handshake. It returns the TLS stream, or nil for plaintext.
+func negotiate(ctx context.Context, c *Conn, cfg *Config, client bool) (*tlsStream, error) {
+	raw := c.s
 	mine := byte(modeTLS)
 	if cfg.AllowPlaintextRDMA {
 		mine = modePlain
 	}
 	if _, err := raw.Write([]byte{mine}); err != nil {
-		return fmt.Errorf("rdma security: send mode: %w", ctxErr(ctx, err))
+		return nil, fmt.Errorf("rdma security: send mode: %w", ctxErr(ctx, err))
 	}
 	var peer [1]byte
 	if _, err := io.ReadFull(raw, peer[:]); err != nil {
-		return fmt.Errorf("rdma security: read peer's mode: %w", ctxErr(ctx, err))
+		return nil, fmt.Errorf("rdma security: read peer's mode: %w", ctxErr(ctx, err))
 	}
 	if peer[0] != modePlain && peer[0] != modeTLS {
-		return fmt.Errorf("rdma security: %w %#x", errBadMode, peer[0])
+		return nil, fmt.Errorf("rdma security: %w %#x", errBadMode, peer[0])
 	}
 	if mine == modePlain && peer[0] == modePlain {
-		raw.SetDeadline(time.Time{})
-		return nil
+		return nil, nil
 	}
-
 	nc := &streamConn{stream: raw, local: c.local, remote: c.remote}
 	var tc *tls.Conn
 	if client {
@@ -98,12 +121,9 @@ func secure(ctx context.Context, c *Conn, cfg *Config, client bool) error {
 		tc = tls.Server(nc, dataTLSConfig(cfg.TLSConfig, true))
 	}
 	if err := tc.HandshakeContext(ctx); err != nil {
-		return fmt.Errorf("rdma security: tls handshake: %w", ctxErr(ctx, err))
+		return nil, fmt.Errorf("rdma security: tls handshake: %w", ctxErr(ctx, err))
 	}
-	raw.SetDeadline(time.Time{})
-	c.s = &tlsStream{Conn: tc}
-	c.transport = TransportRDMATLS
-	return nil
+	return &tlsStream{Conn: tc}, nil
 }
 
 // ctxErr adds ctx's error to err, a failed read or write, when ctx ended: the deadline
