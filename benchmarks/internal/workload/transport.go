@@ -26,16 +26,17 @@ import (
 const (
 	SoftVerbs = "SoftVerbs"
 	RsockRDMA = "RsockRDMA"
-	// RsockRDMATLS is rsock upgraded to RDMA from a QUIC bootstrap: TLS 1.3 over the RDMA
-	// stream, rsock's default when the bootstrap is encrypted.
-	RsockRDMATLS = "RsockRDMATLS"
-	RawTCP       = "RawTCP"
-	RsockTCP     = "RsockTCP"
-	RawQUIC      = "RawQUIC"
-	RsockQUIC    = "RsockQUIC"
-	Unix         = "Unix"
-	Pipe         = "Pipe"
+	RawTCP    = "RawTCP"
+	RsockTCP  = "RsockTCP"
+	RawQUIC   = "RawQUIC"
+	RsockQUIC = "RsockQUIC"
+	Unix      = "Unix"
+	Pipe      = "Pipe"
 )
+
+// RsockRDMATLS is rsock upgraded to RDMA from a QUIC bootstrap: TLS 1.3 over the RDMA
+// stream, rsock's default when the bootstrap is encrypted.
+const RsockRDMATLS = "RsockRDMATLS"
 
 // Transport is one way of carrying a byte stream that the benchmarks compare.
 type Transport struct {
