@@ -1,13 +1,14 @@
 # tls.sh: rsock bootstrapped over QUIC between the two hosts (busybox sh, sourced by
-# /init). The client's QUIC socket is bound to the wildcard address, so the upgrade
-# finds host A's device only by the route's source address; the RDMA stream then runs
-# TLS 1.3 (rdma+tls). rsockperf's client fails when a connection reports another
+# /init). Both QUIC sockets are bound to the wildcard address (the client's always is;
+# the server listens on ":port"), so each side finds its device (rxe_a on host A, rxe_b
+# on host B) only by the source address of its route to the other; the RDMA stream
+# then runs TLS 1.3 (rdma+tls). rsockperf's client fails when a connection reports another
 # transport than the one named, so a run that completes proves the upgrade. It measures
 # encrypted RDMA next to plaintext RDMA and QUIC, one second per figure.
 
 tls_two_hosts() {
   local spid crc src list=RsockRDMA,RsockRDMATLS,RsockQUIC
-  timeout -k 5 150 /t/bin/rsockperf -mode server -addr $B:7200 -transports $list > /tmp/tls_s.log 2>&1 &
+  timeout -k 5 150 /t/bin/rsockperf -mode server -addr :7200 -transports $list > /tmp/tls_s.log 2>&1 &
   spid=$!
   wait_listen 7202 $spid || { kill $spid 2>/dev/null; cat /tmp/tls_s.log; return 1; }
   timeout -k 5 120 /t/bin/rsockperf -mode client -q -addr $B:7200 -transports $list \
