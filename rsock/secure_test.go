@@ -256,3 +256,22 @@ func TestSecureConcurrentClose(t *testing.T) {
 		requireReleased(t, fab)
 	}
 }
+
+// TestSecureDefaultProvider runs a QUIC-configured pair on the default provider: where
+// the build and the machine have an RDMA device for loopback (the VM harness's rxe), it
+// gets "rdma+tls" and moves a stream both ways; elsewhere it stays on QUIC and says why.
+func TestSecureDefaultProvider(t *testing.T) {
+	scfg, ccfg := configs(t, FallbackQUIC)
+	ln := listen(t, scfg)
+	c, s := pipe(t, ln, ccfg)
+	defer c.Close()
+	defer s.Close()
+	want := TransportRDMATLS
+	if _, err := defaultProvider(); err != nil {
+		want = TransportQUIC
+		require.ErrorIs(t, c.FallbackReason(), ErrNoProvider)
+	}
+	require.Equal(t, want, c.Transport(), "client: %v", c.FallbackReason())
+	require.Equal(t, want, s.Transport(), "server: %v", s.FallbackReason())
+	exchange(t, c, s, bytes.Repeat([]byte("up "), 100000), bytes.Repeat([]byte("down "), 100000))
+}
