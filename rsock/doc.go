@@ -136,6 +136,8 @@
 //   - Over a TCP bootstrap nothing is authenticated: a machine on the path can alter
 //     or strip the hello (forcing a fallback, or pointing a client at another RDMA
 //     endpoint) and read or alter the data. Run TLS over the Conn where that matters.
+//     A Listener with FallbackQUIC serves TCP clients too, and their connections are
+//     plaintext, on RDMA or not: the client chose its bootstrap.
 //   - Over "rdma+tls", deadlines behave as crypto/tls's: after a Write times out the
 //     connection is unusable. TLS costs CPU on both ends: on verbs/soft, a 64 KiB
 //     stream moves about a tenth of plaintext RDMA's bytes per second (still several
