@@ -32,6 +32,7 @@ type QUICConn struct {
 	qc     *quic.Conn
 	str    *quic.Stream
 	linger time.Duration
+	local  net.Addr // the socket's address, or the route's source for a wildcard one (localaddr.go)
 
 	// quic-go forbids closing the send side concurrently with a Write, and Close must
 	// not drain the receive side while an application Read runs. Reads and Writes hold
@@ -48,7 +49,7 @@ type QUICConn struct {
 }
 
 func newQUICConn(qc *quic.Conn, str *quic.Stream, linger time.Duration) *QUICConn {
-	return &QUICConn{qc: qc, str: str, linger: linger}
+	return &QUICConn{qc: qc, str: str, linger: linger, local: concreteLocal(qc.LocalAddr(), qc.RemoteAddr())}
 }
 
 // Read reads from the stream. It returns io.EOF after the peer's FIN.
@@ -174,8 +175,9 @@ func (c *QUICConn) finishReceive() {
 	})
 }
 
-// LocalAddr returns the local UDP address.
-func (c *QUICConn) LocalAddr() net.Addr { return c.qc.LocalAddr() }
+// LocalAddr returns the local UDP address. When the socket is bound to the wildcard
+// address, its IP is the source address of the route to the peer.
+func (c *QUICConn) LocalAddr() net.Addr { return c.local }
 
 // RemoteAddr returns the peer's UDP address.
 func (c *QUICConn) RemoteAddr() net.Addr { return c.qc.RemoteAddr() }

@@ -57,7 +57,7 @@ func ConnContext(ctx context.Context, c net.Conn) context.Context {
 	return context.WithValue(ctx, connKey{}, c)
 }
 
-// ConnTransport returns the transport that carried r: "rdma", "tcp" or "quic", as
+// ConnTransport returns the transport that carried r: "rdma", "rdma+tls", "tcp" or "quic", as
 // [rsock.Conn.Transport] reports it. It returns "" if the server's ConnContext is not
 // [ConnContext], or if the connection is not an rsock one.
 func ConnTransport(r *http.Request) string {

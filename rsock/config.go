@@ -40,6 +40,10 @@ const (
 	TransportRDMA = "rdma"
 	TransportTCP  = "tcp"
 	TransportQUIC = "quic"
+	// TransportRDMATLS is RDMA carrying a TLS 1.3 stream: what a connection whose
+	// bootstrap is QUIC gets by default, so that the upgrade keeps the encryption the
+	// bootstrap promised (see [Config.AllowPlaintextRDMA]).
+	TransportRDMATLS = "rdma+tls"
 )
 
 // Defaults of [Config] fields left zero.
@@ -79,6 +83,13 @@ type Config struct {
 	// certificate in it; a dialer verifies the server with it. If it names no
 	// application protocol (NextProtos), "rsock" is used. It is cloned, never modified.
 	TLSConfig *tls.Config
+	// AllowPlaintextRDMA lets a connection whose bootstrap is QUIC, and so encrypted,
+	// move its bytes over RDMA in plaintext. Both sides must allow it: if either does
+	// not, the RDMA stream runs TLS 1.3 with TLSConfig (the dialer verifies the server's
+	// certificate as QUIC does) and [Conn.Transport] reports "rdma+tls". A connection
+	// bootstrapped over TCP is plaintext already and is not affected. See the package
+	// documentation, section Security.
+	AllowPlaintextRDMA bool
 	// QUICConfig tunes quic-go with FallbackQUIC; nil means quic-go's defaults. rsock
 	// overrides its stream limits (see package fallback).
 	QUICConfig *quic.Config

@@ -78,6 +78,9 @@ func (d *Dialer) DialRsock(ctx context.Context, network, address string) (*Conn,
 	switch cfg.Fallback {
 	case FallbackQUIC:
 		transport = TransportQUIC
+		if host, _, err := net.SplitHostPort(address); err == nil {
+			cfg = withServerName(cfg, host) // the TLS over RDMA verifies what QUIC verifies
+		}
 		boot, err = fallback.DialQUIC(ctx, network, address, &fallback.QUICOptions{
 			TLSConfig:  cfg.TLSConfig,
 			QUICConfig: cfg.QUICConfig,
@@ -132,7 +135,8 @@ func (d *dialState) handshake(ctx context.Context) (*Conn, error) {
 		return nil, err
 	}
 	if up.data != nil {
-		return newRDMAConn(d.boot, up.data), nil
+		c := newRDMAConn(d.boot, up.data)
+		return c, secureClient(ctx, c, d.cfg) // secure.go: no plaintext under a QUIC bootstrap
 	}
 	c := newConn(d.boot, d.transport, up.reason)
 	if !up.replied {

@@ -17,7 +17,7 @@
 // "tcp6". Every connection reports what carries it and why that is not RDMA:
 //
 //	rc := c.(*rsock.Conn)
-//	rc.Transport()      // "rdma", "tcp" or "quic"
+//	rc.Transport()      // "rdma", "rdma+tls", "tcp" or "quic"
 //	rc.FallbackReason() // nil on RDMA; else e.g. "rsock: upgrade to rdma: peer declined: no RDMA device"
 //
 // # Connection life cycle
@@ -92,6 +92,72 @@
 // sides. Each RDMA connection has a protection domain of its own, so a peer can write
 // only into its own connection's ring: a write aimed at another connection's ring,
 // with its rkey, fails with a remote access error and ends the writer's connection.
+// # Security
+//
+// What travels in plaintext depends on the bootstrap transport, and rsock keeps what the
+// bootstrap promised:
+//
+//   - [FallbackTCP]: the hello, the control channel and, on a fallback, the data cross
+//     the network in plaintext, and nothing is authenticated. After an upgrade the bytes
+//     cross the RDMA fabric in plaintext too ([Conn.Transport] "rdma").
+//   - [FallbackQUIC]: the hello and the control channel travel inside QUIC's TLS 1.3,
+//     which authenticates the server by its certificate ([Config.TLSConfig]; the client
+//     too if the server asks for client certificates). After an upgrade the RDMA stream
+//     runs TLS 1.3 with the same TLSConfig ("rdma+tls"): the client verifies the server's
+//     certificate and name exactly as its QUIC handshake did, and the fabric sees only
+//     TLS records. Plaintext RDMA ("rdma") happens only when both sides set
+//     [Config.AllowPlaintextRDMA]. The two sides agree on it with one byte each at the
+//     start of the RDMA stream; a byte forged on the fabric can force TLS, never
+//     plaintext on a side that requires TLS, and a byte that is neither fails the
+//     connection.
+//
+// The hello carries this side's RDMA endpoint (device address, queue pair number,
+// starting packet sequence number, receive ring); on QUIC nobody but the authenticated
+// server and its client sees or alters it. Each connection's ring is reachable only by
+// its own peer's queue pair, and the RDMA peer is proven to be the bootstrap peer: a
+// hello captured on one bootstrap connection and replayed on another does not connect
+// to a ring.
+//
+// An RDMA peer, once connected, can write into its connection's receive ring: that is
+// how its bytes arrive. rsock parses what it writes as stream data and flow-control
+// messages, and fails the connection with [ErrProtocol] when they break the protocol.
+// The peer cannot read this side's memory (no remote read access is granted) and
+// cannot write anywhere but the ring.
+//
+// RoCE itself authenticates nothing. A receiving queue pair accepts any packet that
+// names it and carries the next expected packet sequence number: the source queue pair
+// is not checked, and the invariant CRC is a checksum, not a MAC. A host on the same L2
+// network (or one that can route RoCE v2's UDP packets to the device) that learns or
+// guesses a connection's queue pair number and sequence numbers can read plaintext
+// RDMA traffic and inject writes into it. Over "rdma+tls" such a write breaks a TLS
+// record, so the connection fails with an error instead of delivering forged bytes;
+// availability is not protected.
+//
+// To encrypt: bootstrap over QUIC (the RDMA stream then carries TLS by default), or run
+// [crypto/tls] over any rsock Conn, on every transport, as over TCP:
+//
+//	c, err := d.DialContext(ctx, "tcp", addr)      // any transport
+//	tc := tls.Client(c, &tls.Config{ServerName: "server"})
+//	// server side: tls.Server(conn, cfg), or tls.NewListener(ln, cfg), or http.Server.ServeTLS(ln, "", "")
+//
+// # Limitations
+//
+//   - Over a TCP bootstrap nothing is authenticated: a machine on the path can alter
+//     or strip the hello (forcing a fallback, or pointing a client at another RDMA
+//     endpoint) and read or alter the data. Run TLS over the Conn where that matters.
+//     A Listener with FallbackQUIC serves TCP clients too, and their connections are
+//     plaintext, on RDMA or not: the client chose its bootstrap.
+//   - Over "rdma+tls", deadlines behave as crypto/tls's: after a Write times out the
+//     connection is unusable. TLS costs CPU on both ends: on verbs/soft, a 64 KiB
+//     stream moves about a tenth of plaintext RDMA's bytes per second (still several
+//     times QUIC's), and a 64-byte round trip takes two to three times as long (about
+//     a tenth of QUIC's); see benchmarks/.
+//   - A QUIC-bootstrapped upgrade needs both ends to speak the mode exchange above: a
+//     peer that moves bytes straight after the upgrade fails the connection, rather
+//     than being read as plaintext.
+//   - rsock does not protect against a fabric peer that floods or breaks connections:
+//     RDMA offers no way to tell its packets from the real peer's short of encryption,
+//     which detects them but cannot stop them.
 //
 // # The hello on the wire
 //

@@ -197,6 +197,11 @@ func (l *Listener) serve(raw bootConn, transport string) {
 	defer l.wg.Done()
 	defer func() { <-l.slots }()
 	c, err := l.handshake(raw, transport)
+	if err == nil {
+		if err = l.secureAccepted(c, transport); err != nil { // secure.go
+			c.Close()
+		}
+	}
 	l.untrack(raw)
 	if err != nil {
 		if !l.isClosed() {

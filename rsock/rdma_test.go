@@ -13,10 +13,12 @@ import (
 )
 
 // rdmaConfigs returns server and client Configs that upgrade over one soft fabric, on
-// bootstrap transport f.
+// bootstrap transport f. They allow plaintext RDMA under QUIC, so that the tests using
+// them exercise the RDMA stream itself; secure_test.go covers the encrypted default.
 func rdmaConfigs(t testing.TB, f Fallback, fab *soft.Fabric) (server, client *Config) {
 	server, client = configs(t, f)
 	server.Provider, client.Provider = fab, fab
+	server.AllowPlaintextRDMA, client.AllowPlaintextRDMA = true, true
 	return server, client
 }
 

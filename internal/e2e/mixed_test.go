@@ -39,7 +39,7 @@ type clientKind struct {
 
 var clientKinds = []clientKind{
 	{"rdma-over-tcp", func(env *harness.Env) *rsock.Config { return &rsock.Config{Provider: env.Fabric} }, rsock.TransportRDMA},
-	{"rdma-over-quic", func(env *harness.Env) *rsock.Config { return env.Client }, rsock.TransportRDMA},
+	{"rdma-over-quic", func(env *harness.Env) *rsock.Config { return env.Client }, rsock.TransportRDMATLS},
 	{"tcp", func(env *harness.Env) *rsock.Config { return &rsock.Config{Provider: harness.NoRDMA{}} }, rsock.TransportTCP},
 	{"quic", func(env *harness.Env) *rsock.Config {
 		return &rsock.Config{Provider: harness.NoRDMA{}, Fallback: rsock.FallbackQUIC, TLSConfig: env.Client.TLSConfig}

@@ -76,6 +76,8 @@ type Fabric struct {
 	linkMu     sync.RWMutex
 	links      map[[2]int]linkFault // by ordered device index pair
 
+	tap atomic.Pointer[func(TapEvent)] // see SetTap
+
 	live struct {
 		contexts, pds, mrs, cqs, qps, channels atomic.Int64
 	}

@@ -345,6 +345,7 @@ func (q *QP) execute(e *wqe) outcome {
 		q.completeLocked(e, st)
 		return outDone
 	}
+	q.tapLocked(e) // tap.go
 	q.sq.psn = (q.sq.psn + packets(e.length, q.sq.mtu)) & psnMask
 	q.dev.stats.wrs.Add(1)
 	q.dev.stats.bytes.Add(uint64(e.length))

@@ -34,6 +34,10 @@ const (
 	Pipe      = "Pipe"
 )
 
+// RsockRDMATLS is rsock upgraded to RDMA from a QUIC bootstrap: TLS 1.3 over the RDMA
+// stream, rsock's default when the bootstrap is encrypted.
+const RsockRDMATLS = "RsockRDMATLS"
+
 // Transport is one way of carrying a byte stream that the benchmarks compare.
 type Transport struct {
 	Name string
@@ -55,6 +59,8 @@ var transports = []Transport{
 		Desc: "raw verbs/soft RDMA_WRITE_WITH_IMM into a ring, one goroutine driving both QPs: the ceiling of RDMA over soft"},
 	{Name: RsockRDMA, Kind: "rdma", Baseline: SoftVerbs,
 		Desc: "rsock.Conn upgraded to RDMA (verbs/soft in one process)"},
+	{Name: RsockRDMATLS, Kind: "rdma", Baseline: RsockRDMA,
+		Desc: "rsock.Conn upgraded to RDMA from a QUIC bootstrap: TLS 1.3 over the RDMA stream (verbs/soft in one process)"},
 	{Name: RawTCP, Kind: "tcp", Desc: "*net.TCPConn on loopback"},
 	{Name: RsockTCP, Kind: "tcp", Baseline: RawTCP, Desc: "rsock.Conn on its TCP fallback"},
 	{Name: RawQUIC, Kind: "quic", Desc: "one quic-go stream per QUIC connection"},
@@ -110,7 +116,7 @@ func Start(t Transport, o Options) (*Env, error) {
 	if t.Raw {
 		return &Env{Transport: t, fabric: soft.New(soft.Options{Devices: 2})}, nil
 	}
-	if o.Provider == nil && t.Name == RsockRDMA {
+	if o.Provider == nil && (t.Name == RsockRDMA || t.Name == RsockRDMATLS) {
 		o.Provider = soft.New(soft.Options{})
 	}
 	env := &Env{Transport: t}
@@ -265,9 +271,17 @@ func newSides(t Transport, o Options) (*sides, error) {
 		st.NextProtos, ct.NextProtos = []string{fallback.NextProto}, []string{fallback.NextProto}
 		s.listen = func(addr string) (net.Listener, error) { return listenQUIC(addr, st) }
 		s.dial = func(ctx context.Context, addr string) (net.Conn, error) { return dialQUIC(ctx, addr, ct) }
-	case RsockTCP, RsockQUIC, RsockRDMA:
+	case RsockTCP, RsockQUIC, RsockRDMA, RsockRDMATLS:
 		scfg, ccfg := &rsock.Config{}, &rsock.Config{}
 		want := rsock.TransportTCP
+		if t.Name == RsockRDMATLS {
+			st, ct, err := tlsConfigs(o)
+			if err != nil {
+				return nil, err
+			}
+			scfg.Fallback, ccfg.Fallback = rsock.FallbackQUIC, rsock.FallbackQUIC
+			scfg.TLSConfig, ccfg.TLSConfig = st, ct
+		}
 		switch t.Name {
 		case RsockQUIC:
 			want = rsock.TransportQUIC
@@ -282,8 +296,11 @@ func newSides(t Transport, o Options) (*sides, error) {
 			// A provider without devices keeps the connections on their fallback, even
 			// in a build whose default provider would find a device.
 			scfg.Provider, ccfg.Provider = noDevices{}, noDevices{}
-		case RsockRDMA:
+		case RsockRDMA, RsockRDMATLS:
 			want = rsock.TransportRDMA
+			if t.Name == RsockRDMATLS {
+				want = rsock.TransportRDMATLS
+			}
 			if o.Provider != nil {
 				s.regs = &regCounter{}
 				p := countRegistered(o.Provider, s.regs)

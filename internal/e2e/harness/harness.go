@@ -42,9 +42,11 @@ type Transport struct {
 }
 
 // Transports are the transports every end-to-end test runs on: RDMA over the software
-// provider (bootstrapped over TCP), the TCP fallback and the QUIC fallback.
+// provider (bootstrapped over TCP), RDMA bootstrapped over QUIC (and so carrying TLS by
+// default), the TCP fallback and the QUIC fallback.
 var Transports = []Transport{
 	{Name: "rdma", Want: rsock.TransportRDMA, Fallback: rsock.FallbackTCP, RDMA: true},
+	{Name: "rdma+tls", Want: rsock.TransportRDMATLS, Fallback: rsock.FallbackQUIC, RDMA: true},
 	{Name: "tcp", Want: rsock.TransportTCP, Fallback: rsock.FallbackTCP},
 	{Name: "quic", Want: rsock.TransportQUIC, Fallback: rsock.FallbackQUIC},
 }
