@@ -92,6 +92,7 @@
 // sides. Each RDMA connection has a protection domain of its own, so a peer can write
 // only into its own connection's ring: a write aimed at another connection's ring,
 // with its rkey, fails with a remote access error and ends the writer's connection.
+//
 // # Security
 //
 // What travels in plaintext depends on the bootstrap transport, and rsock keeps what the
