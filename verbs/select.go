@@ -120,6 +120,7 @@ func SelectPort(devs []DeviceAttr, ip netip.Addr) (Selection, error) {
 //  2. InfiniBand: the ACTIVE port whose IPoIB interface (PortAttr.Netdevs) holds ip,
 //     the zone's interface or the one NetdevOf names; its lowest populated GID. Each
 //     HCA may be its own fabric, so the first active InfiniBand port is no answer.
+//     An iWARP device whose interface holds ip is named in the error.
 //
 // Among equal candidates the first device and port in devs order, then the lowest GID
 // index, wins. Entries above [MaxGIDIndex], ports that are not ACTIVE, and devices
@@ -179,15 +180,19 @@ func (s Selector) Select(devs []DeviceAttr, ip netip.Addr) (Selection, error) {
 		return best, nil
 	}
 
-	// Rule 2: InfiniBand, by IPoIB interface.
+	// Rule 2: InfiniBand, by IPoIB interface. The ports of devices that cannot serve
+	// (iWARP, whose GIDs are no addresses) are looked at too, to say why.
 	var ib []string // "mlx5_0 port 1 (ib0)", for the error
 	netdev, looked := zone, zone != ""
 	for _, d := range devs {
+		capable := d.Transport == TransportUnspecified || d.Transport == TransportIB
 		for _, p := range d.Ports {
-			if p.LinkLayer == LinkLayerEthernet {
+			if capable && p.LinkLayer == LinkLayerEthernet {
 				continue
 			}
-			ib = append(ib, fmt.Sprintf("%s port %d (%s)", d.Name, p.Num, strings.Join(p.Netdevs, ", ")))
+			if capable {
+				ib = append(ib, fmt.Sprintf("%s port %d (%s)", d.Name, p.Num, strings.Join(p.Netdevs, ", ")))
+			}
 			if !looked {
 				looked = true
 				netdev, fail.Err = s.netdevOf(addr)
