@@ -40,6 +40,12 @@ type Options struct {
 	// after them, to be acknowledged by the peer (see "Closing" in the package docs).
 	// Default 5 s; negative means Close does not wait.
 	Linger time.Duration
+	// RoCEVersion is the preferred RoCE GID type (verbs.GIDTypeRoCEv1 or v2) when the
+	// local IP has both; zero means v2. See verbs.Selector.
+	RoCEVersion verbs.GIDType
+
+	// netdevOf replaces the selector's interface lookup (verbs.Selector.NetdevOf) in tests.
+	netdevOf func(netip.Addr) (string, error)
 }
 
 // Defaults. An idle connection holds RingSize+SendBufferSize = 192 KiB of registered
@@ -147,8 +153,12 @@ func PrepareContext(ctx context.Context, p verbs.Provider, ip netip.Addr, opts O
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	dev, path, err := acquireDevice(ctx, p, ip)
+	dev, path, err := acquireDevice(ctx, p, ip, verbs.Selector{RoCEVersion: opts.RoCEVersion, NetdevOf: opts.netdevOf})
 	if err != nil {
+		return nil, err
+	}
+	if err := checkCaps(dev.attr, opts); err != nil { // caps.go
+		dev.release()
 		return nil, err
 	}
 	if !dev.admit(opts.MaxConns) {
@@ -236,7 +246,7 @@ func (ep *Endpoint) connectQP(peer Offer) error {
 		RQPSN:   peer.PSN,
 		Dest: verbs.AddressVector{
 			LID: peer.LID, Port: ep.path.port.Num, IsGlobal: true,
-			// The hardware index (selectPort never picks one above 255).
+			// The hardware index (the selector never picks one above 255).
 			DestGID: peer.GID, SGIDIndex: uint8(ep.path.gid.Index), HopLimit: 64,
 		},
 		MinRNRTimer: 12, // 0.64 ms; flow control keeps RNR from happening at all
