@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -123,8 +124,12 @@ func TestGIDPerConnection(t *testing.T) {
 	requireReleased(t, f)
 }
 
-// loopbackName is the name of this host's loopback interface.
-func loopbackName(t *testing.T) string {
+// testNetdev is the interface whose GIDs TestEveryLocalGID tries on the default
+// provider: $RSOCK_TEST_NETDEV, or this host's loopback interface.
+func testNetdev(t *testing.T) string {
+	if name := os.Getenv("RSOCK_TEST_NETDEV"); name != "" {
+		return name
+	}
 	ifs, err := net.Interfaces()
 	require.NoError(t, err)
 	for _, ifc := range ifs {
@@ -135,14 +140,15 @@ func loopbackName(t *testing.T) string {
 	return "lo"
 }
 
-// TestEveryLoopbackGID connects, from each IPv4 RoCE v2 GID of an active port on the
-// loopback interface, a pair of endpoints that both use it, and checks that the source
-// GID index is the entry's hardware index and that data moves. It runs on soft, with a
-// table with holes (127.0.0.1 at 5, 127.0.0.9 at 9, 127.0.0.3 deleted), and on the
-// default provider where the build and the machine have one: in the Soft-RoCE VM,
-// .ci/rxe-guest/select.sh adds addresses to lo, deletes some in the middle of rxe_lo's
-// GID table and checks the index logged for the highest one against sysfs.
-func TestEveryLoopbackGID(t *testing.T) {
+// TestEveryLocalGID connects, from each IPv4 RoCE v2 GID of an active port on one
+// interface of this host, a pair of endpoints that both use it (the device loops the
+// packets back), and checks that the source GID index is the entry's hardware index and
+// that data moves. It runs on soft, with a table with holes on "lo" (127.0.0.1 at 5,
+// 127.0.0.9 at 9, 127.0.0.3 deleted), and on the default provider where the build and
+// the machine have one, with the GIDs of testNetdev's interface: in the Soft-RoCE VM,
+// .ci/rxe-guest/select.sh makes a table with holes on a device of its own and checks
+// the index logged for the highest address against sysfs.
+func TestEveryLocalGID(t *testing.T) {
 	type prov struct {
 		name string
 		p    verbs.Provider
@@ -158,7 +164,7 @@ func TestEveryLoopbackGID(t *testing.T) {
 	} else {
 		t.Logf("no default provider here, soft only: %v", err)
 	}
-	lo := loopbackName(t)
+	netdev := testNetdev(t)
 	for _, pv := range provs {
 		t.Run(pv.name, func(t *testing.T) {
 			devs, err := pv.p.Devices()
@@ -170,8 +176,11 @@ func TestEveryLoopbackGID(t *testing.T) {
 						continue
 					}
 					for pos, g := range port.GIDs {
-						soft := pv.f != nil && g.Netdev == "lo"
-						if (!soft && g.Netdev != lo) || g.Type != verbs.GIDTypeRoCEv2 || !g.GID.Addr().Is4() || g.Index > verbs.MaxGIDIndex {
+						want := netdev
+						if pv.f != nil {
+							want = "lo"
+						}
+						if g.Netdev != want || g.Type != verbs.GIDTypeRoCEv2 || !g.GID.Addr().Is4() || g.Index > verbs.MaxGIDIndex {
 							continue
 						}
 						ip := g.GID.Addr()
