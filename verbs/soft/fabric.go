@@ -222,6 +222,7 @@ func (d *device) attrCopy() verbs.DeviceAttr {
 	a.Ports = make([]verbs.PortAttr, len(d.attr.Ports))
 	for i, p := range d.attr.Ports {
 		p.GIDs = append([]verbs.GIDEntry(nil), p.GIDs...)
+		p.Netdevs = append([]string(nil), p.Netdevs...)
 		a.Ports[i] = p
 	}
 	return a
