@@ -19,9 +19,10 @@ const maxGIDTable = 1 << 16
 //
 // A QP's address vector names its source GID by hardware index
 // ([verbs.AddressVector.SGIDIndex]). As on a kernel device, ToRTR fails when the index
-// names an empty entry, and requests go out from the GID the index names: a responder
-// connected to another GID of the requester (the one it was told) drops them, as rxe
-// drops a packet whose source address is not the peer's.
+// names an empty entry (rxe: ENODATA, seen in the VM with the index taken as a position
+// among the populated entries), and requests go out from the GID the index names: a
+// responder connected to another GID of the requester (the one it was told) drops
+// them, as rxe drops a packet whose source address is not the peer's.
 type PortConfig struct {
 	// LinkLayer is Ethernet (RoCE) when zero.
 	LinkLayer verbs.LinkLayer
