@@ -138,6 +138,9 @@ type DeviceAttr struct {
 	MaxMR     int    // maximum number of MRs
 	MaxMRSize uint64 // largest registrable region
 	MaxInline int    // largest inline payload a QP can be created with
+	// Transport is what the device is (its kernel node type): an InfiniBand or RoCE
+	// channel adapter, an iWARP RNIC, or something else. See [Transport].
+	Transport Transport
 	Ports     []PortAttr
 }
 
@@ -150,6 +153,10 @@ type PortAttr struct {
 	LID       uint16
 	LinkLayer LinkLayer
 	GIDs      []GIDEntry
+	// Netdevs are the network interfaces of the port: on RoCE the netdevs its GIDs
+	// belong to, on InfiniBand its IPoIB interfaces. The selector ([Selector]) finds
+	// an InfiniBand port by the interface that holds the connection's IP.
+	Netdevs []string
 }
 
 // QPCaps are the capacities of a QP (struct ibv_qp_cap).

@@ -26,6 +26,7 @@ echo 3 > /proc/sys/kernel/printk
 . /ci/examples.sh
 . /ci/perf.sh
 . /ci/tls.sh
+. /ci/select.sh
 
 echo "@@GUEST kernel $(uname -r), $(grep -c ^processor /proc/cpuinfo) CPUs, $(awk '/MemTotal/ { print $2 / 1024 " MiB" }' /proc/meminfo), up $(uptime_s) s"
 echo "@@GUEST steps /$STEPS/, -test.run /$RUN/, short=$SHORT, -test.timeout ${GO_TIMEOUT}s"
@@ -105,6 +106,8 @@ cmd_step examples_grpc example_grpc
 
 # QUIC bootstrap across the two hosts, upgraded to RDMA with TLS (tls.sh).
 cmd_step tls_two_hosts tls_two_hosts
+# Device selection on a GID table with holes (select.sh).
+cmd_step select_gid_holes select_gid_holes
 
 # rsockperf next to perftest and rstream.
 : > /tmp/perf.txt

@@ -4,8 +4,8 @@
 // The provider is compiled only with the build tag rdma, on Linux, with cgo. Without
 // them the package builds to a stub whose [Open] returns [ErrNotBuilt] ("ibv: not built
 // with RDMA support (build with -tags rdma)"), and go build ./... needs no C
-// toolchain. The sysfs device selection ([SelectGID], [Selector], [ReadGIDTable]) is
-// pure Go and present in every build.
+// toolchain. The sysfs reading ([ReadGIDTable], and the transports and netdevs that
+// Devices reports) is pure Go and present in every build.
 //
 // # Usage
 //
@@ -14,8 +14,9 @@
 //		// errors.Is(err, verbs.ErrNotSupported): not built in, or no libibverbs
 //		// errors.Is(err, verbs.ErrNoDevice): no device
 //	}
-//	sel, err := ibv.SelectGID(ibv.DefaultSysfsRoot, localIP) // device, port, GID index
-//	ctx, err := p.Open(sel.Device)
+//	devs, err := p.Devices()
+//	sel, err := verbs.SelectPort(devs, localIP) // device, port, GID (hardware index)
+//	ctx, err := p.Open(sel.Device.Name)
 //
 // # Loading libibverbs
 //
@@ -92,8 +93,9 @@
 //
 // # Testing
 //
-// The sysfs selection is tested against fake trees under testdata/sysfs-* in every
-// build. With the tag, the provider's cgo plumbing runs against testdata/fakeverbs, a
+// The sysfs reading is tested against fake trees under testdata/sysfs-* in every
+// build, each fed through the selector (RoCE v1/v2, IPv4/IPv6, link-local zones, GID
+// holes, down ports, InfiniBand with several HCAs, iWARP). With the tag, the provider's cgo plumbing runs against testdata/fakeverbs, a
 // test double of libibverbs.so.1 that the tests compile and load in a child process
 // (LD_LIBRARY_PATH): it checks masks, byte order and event acknowledgement, but models
 // no hardware. The conformance suite (verbs/verbstest) runs against the real library
@@ -101,12 +103,14 @@
 //
 // # Device, port and GID selection
 //
-// [Selector.Select] maps the local IP address of the bootstrap connection to a device,
-// port and GID index from sysfs, without librdmacm: a RoCE GID equal to the address
-// (v2 preferred over v1) on an ACTIVE Ethernet port, else the port GID of an ACTIVE
-// InfiniBand port whose IPoIB interface holds the address. The rules are on Select.
-// It reads, under the sysfs root (normally /sys):
+// This package does not choose: [verbs.Selector] does, for every provider, from the
+// [verbs.DeviceAttr] that Devices returns. What the selector needs beyond ibv_query_*
+// comes from sysfs: each port's netdevs ([verbs.PortAttr.Netdevs]: the netdevs of its
+// RoCE GIDs, and on InfiniBand its IPoIB interfaces) and the device's transport
+// ([verbs.DeviceAttr.Transport], from node_type: iWARP devices are refused). Under the
+// sysfs root (normally /sys) it reads:
 //
+//	class/infiniband/<dev>/node_type                    "1: CA", "4: RNIC" (iWARP)
 //	class/infiniband/<dev>/ports/<n>/state              "4: ACTIVE"
 //	class/infiniband/<dev>/ports/<n>/link_layer         "Ethernet", "InfiniBand"
 //	class/infiniband/<dev>/ports/<n>/gids/<i>           the GID, as an IPv6 address

@@ -154,13 +154,15 @@ func newFakeRig(t *testing.T, caps verbs.QPCaps) *fakeRig {
 	t.Helper()
 	p, err := Open()
 	require.NoError(t, err)
-	sel, err := SelectGID(sysfsRoot, netip.MustParseAddr("10.7.0.7"))
+	devs, err := sysfsDevices(sysfsRoot)
 	require.NoError(t, err)
-	require.Equal(t, "fake0", sel.Device)
-	require.Equal(t, 3, sel.GIDIndex)
+	sel, err := verbs.SelectPort(devs, netip.MustParseAddr("10.7.0.7"))
+	require.NoError(t, err)
+	require.Equal(t, "fake0", sel.Device.Name)
+	require.Equal(t, 3, sel.GID.Index)
 
 	r := &fakeRig{}
-	r.ctx, err = p.Open(sel.Device)
+	r.ctx, err = p.Open(sel.Device.Name)
 	require.NoError(t, err)
 	r.pd, err = r.ctx.AllocPD()
 	require.NoError(t, err)
@@ -182,10 +184,10 @@ func newFakeRig(t *testing.T, caps verbs.QPCaps) *fakeRig {
 	require.Equal(t, verbs.QPStateReset, r.a.State())
 
 	connect := func(q, peer verbs.QP) {
-		require.NoError(t, q.ToInit(verbs.InitAttr{Port: sel.Port, Access: access}))
+		require.NoError(t, q.ToInit(verbs.InitAttr{Port: sel.Port.Num, Access: access}))
 		require.NoError(t, q.ToRTR(verbs.RTRAttr{
 			PathMTU: verbs.MTU1024, DestQPN: peer.QPN(), RQPSN: 7, MaxDestRdAtomic: 1, MinRNRTimer: 12,
-			Dest: verbs.AddressVector{Port: sel.Port, IsGlobal: true, DestGID: sel.GID, SGIDIndex: uint8(sel.GIDIndex)},
+			Dest: verbs.AddressVector{Port: sel.Port.Num, IsGlobal: true, DestGID: sel.GID.GID, SGIDIndex: uint8(sel.GID.Index)},
 		}))
 		require.NoError(t, q.ToRTS(verbs.RTSAttr{SQPSN: 7, Timeout: 14, RetryCount: 7, RNRRetry: 7, MaxRdAtomic: 1}))
 		require.Equal(t, verbs.QPStateRTS, q.State())

@@ -114,7 +114,8 @@ var (
 	loadErr  error
 )
 
-// sysfsRoot is where queryPort reads GID tables; tests point it at a fake tree.
+// sysfsRoot is where queryPort reads GID tables and describe transports and netdevs;
+// tests point it at a fake tree.
 var sysfsRoot = DefaultSysfsRoot
 
 // load opens libibverbs once per process. The library stays loaded for the life of
@@ -229,7 +230,8 @@ func deviceNames() ([]string, error) {
 }
 
 // describe fills a DeviceAttr from ibv_query_device, ibv_query_port for every port,
-// the ports' GID tables from sysfs, and a probed max inline size.
+// the ports' GID tables, a probed max inline size, and from sysfs the device's
+// transport (node_type) and each port's netdevs (RoCE GIDs' and IPoIB interfaces).
 func (p *provider) describe(c *C.struct_ibv_context, name string) (verbs.DeviceAttr, error) {
 	var a C.struct_ibv_device_attr
 	if rc, err := C.rsock_query_device(c, &a); rc != 0 {
@@ -255,6 +257,7 @@ func (p *provider) describe(c *C.struct_ibv_context, name string) (verbs.DeviceA
 		attr.Ports = append(attr.Ports, port)
 	}
 	attr.MaxInline = p.maxInline(c, name)
+	addSysfsAttrs(sysfsRoot, &attr) // transport and netdevs, which the verbs API does not report
 	return attr, nil
 }
 

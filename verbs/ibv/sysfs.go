@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -19,184 +18,6 @@ import (
 
 // DefaultSysfsRoot is where sysfs is mounted on Linux.
 const DefaultSysfsRoot = "/sys"
-
-// Selection is the device, port and GID index that serve one local IP address: the
-// values a QP needs for its INIT transition (port) and for the source side of its
-// address vector (GID index).
-type Selection struct {
-	Device    string // kernel device name, e.g. "mlx5_0"
-	Port      uint8  // 1-based port number
-	GIDIndex  int    // index in the port's GID table (the address vector's SGIDIndex)
-	GID       verbs.GID
-	Type      verbs.GIDType
-	LinkLayer verbs.LinkLayer
-	Netdev    string // network interface the match went through, or "" if sysfs names none
-}
-
-func (s Selection) String() string {
-	return fmt.Sprintf("%s port %d GID[%d] %v", s.Device, s.Port, s.GIDIndex, s.GID)
-}
-
-// NoDeviceError reports that no active RDMA port serves a local IP address.
-// errors.Is(err, verbs.ErrNoDevice) holds for it.
-type NoDeviceError struct {
-	IP netip.Addr
-	// Inactive lists the ports that hold the address but are not ACTIVE,
-	// e.g. "mlx5_1 port 1 (DOWN)".
-	Inactive []string
-	// Err is what made the search fail early (sysfs unreadable), or nil.
-	Err error
-}
-
-func (e *NoDeviceError) Error() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "ibv: no RDMA device holds %v", e.IP)
-	if len(e.Inactive) > 0 {
-		fmt.Fprintf(&b, " on an active port (%s holds it but is not active)", strings.Join(e.Inactive, ", "))
-	}
-	if e.Err != nil {
-		fmt.Fprintf(&b, ": %v", e.Err)
-	}
-	return b.String()
-}
-
-// Is makes errors.Is(err, verbs.ErrNoDevice) true.
-func (e *NoDeviceError) Is(target error) bool { return target == verbs.ErrNoDevice }
-
-// Unwrap returns the underlying cause, if any.
-func (e *NoDeviceError) Unwrap() error { return e.Err }
-
-// SelectGID finds the RDMA device, port and GID index that serve the local address ip,
-// reading sysfs under sysfsRoot (normally [DefaultSysfsRoot]). For InfiniBand ports
-// it looks up which network interface holds ip with the host's interface table.
-// See [Selector.Select] for the rules.
-func SelectGID(sysfsRoot string, ip netip.Addr) (Selection, error) {
-	return Selector{SysfsRoot: sysfsRoot}.Select(ip)
-}
-
-// Selector finds the RDMA port that serves a local IP address, from sysfs.
-// The zero value reads /sys and the host's interfaces.
-type Selector struct {
-	// SysfsRoot is where sysfs is mounted; "" means DefaultSysfsRoot.
-	SysfsRoot string
-	// NetdevOf names the network interface that holds ip. It is consulted only when
-	// no RoCE GID matches ip, to find an IPoIB interface. nil uses net.Interfaces.
-	NetdevOf func(ip netip.Addr) (string, error)
-}
-
-// Select returns the port and GID index that serve the local address ip.
-//
-// The rules, in order of preference:
-//
-//  1. RoCE: a GID table entry of an Ethernet port that equals ip (an IPv4 address as
-//     the IPv4-mapped GID ::ffff:a.b.c.d) on an ACTIVE port. A RoCE v2 entry wins
-//     over a RoCE v1 entry for the same address.
-//  2. InfiniBand: ip is held by an IPoIB interface of an ACTIVE InfiniBand port.
-//     The interface belongs to port P of device D when gid_attrs/ndevs of P names it,
-//     or when it is listed under D's device/net/ directory and its dev_port file
-//     (0-based) is P-1; an interface without dev_port belongs to a single-port device's
-//     only port. The selected GID is the lowest non-zero entry of the port's table
-//     (index 0, the port GID, on a configured port).
-//
-// Among equal candidates the first device in name order, then the lowest port, then
-// the lowest GID index wins. Ports whose state is not ACTIVE are never selected; if
-// one holds ip, the returned *NoDeviceError says so.
-func (s Selector) Select(ip netip.Addr) (Selection, error) {
-	ip = ip.WithZone("").Unmap()
-	if !ip.IsValid() {
-		return Selection{}, fmt.Errorf("ibv: select GID: invalid IP address: %w", verbs.ErrInvalidArgument)
-	}
-	root := s.root()
-	want := verbs.GIDFromAddr(ip)
-	noDev := &NoDeviceError{IP: ip}
-
-	ports, err := listPorts(root)
-	if err != nil {
-		noDev.Err = err
-		return Selection{}, noDev
-	}
-
-	var best Selection
-	found := false
-	var ibPorts []portInfo
-	for _, p := range ports {
-		if p.linkLayer == verbs.LinkLayerInfiniBand {
-			ibPorts = append(ibPorts, p)
-			continue
-		}
-		gids, err := readGIDTable(root, p)
-		if err != nil {
-			return Selection{}, err
-		}
-		for _, g := range gids {
-			if g.GID != want || (g.Type != verbs.GIDTypeRoCEv2 && g.Type != verbs.GIDTypeRoCEv1) {
-				continue
-			}
-			if p.state != verbs.PortActive {
-				noDev.Inactive = appendOnce(noDev.Inactive, p.describe())
-				continue
-			}
-			// Candidates arrive in (device, port, index) order, so only a better
-			// type replaces an earlier match.
-			if !found || (g.Type == verbs.GIDTypeRoCEv2 && best.Type != verbs.GIDTypeRoCEv2) {
-				best = Selection{
-					Device: p.device, Port: p.num, GIDIndex: g.Index, GID: g.GID,
-					Type: g.Type, LinkLayer: p.linkLayer, Netdev: g.Netdev,
-				}
-				found = true
-			}
-		}
-	}
-	if found {
-		return best, nil
-	}
-
-	if len(ibPorts) > 0 {
-		sel, ok, err := s.selectIB(root, ip, ibPorts, noDev)
-		if err != nil {
-			return Selection{}, err
-		}
-		if ok {
-			return sel, nil
-		}
-	}
-	return Selection{}, noDev
-}
-
-// selectIB applies rule 2 of Select to the InfiniBand ports.
-func (s Selector) selectIB(root string, ip netip.Addr, ports []portInfo, noDev *NoDeviceError) (Selection, bool, error) {
-	netdevOf := s.NetdevOf
-	if netdevOf == nil {
-		netdevOf = hostNetdevOf
-	}
-	netdev, err := netdevOf(ip)
-	if err != nil || netdev == "" {
-		// No interface holds ip: nothing on an IB port can serve it either.
-		return Selection{}, false, nil
-	}
-	for _, p := range ports {
-		if !slices.Contains(ipoibNetdevs(root, p), netdev) {
-			continue
-		}
-		if p.state != verbs.PortActive {
-			noDev.Inactive = appendOnce(noDev.Inactive, p.describe())
-			continue
-		}
-		gids, err := readGIDTable(root, p)
-		if err != nil {
-			return Selection{}, false, err
-		}
-		if len(gids) == 0 {
-			continue
-		}
-		g := gids[0]
-		return Selection{
-			Device: p.device, Port: p.num, GIDIndex: g.Index, GID: g.GID,
-			Type: g.Type, LinkLayer: p.linkLayer, Netdev: netdev,
-		}, true, nil
-	}
-	return Selection{}, false, nil
-}
 
 // ReadGIDTable reads the populated entries of a port's GID table from sysfs, in index
 // order. Unused (all-zero) entries are left out. The type comes from gid_attrs/types
@@ -216,26 +37,14 @@ func ReadGIDTable(sysfsRoot, device string, port uint8) ([]verbs.GIDEntry, error
 	return readGIDTable(root, p)
 }
 
-// portInfo is what Select needs to know about one port.
+// portInfo is what sysfs says about one port, besides its GID table.
 type portInfo struct {
 	device    string
 	num       uint8
 	dir       string // .../class/infiniband/<device>/ports/<num>
 	state     verbs.PortState
-	stateText string // as sysfs spells it, e.g. "DOWN"
 	linkLayer verbs.LinkLayer
-	nports    int // ports of the device
-}
-
-func (p portInfo) describe() string {
-	return fmt.Sprintf("%s port %d (%s)", p.device, p.num, p.stateText)
-}
-
-func (s Selector) root() string {
-	if s.SysfsRoot == "" {
-		return DefaultSysfsRoot
-	}
-	return s.SysfsRoot
+	lid       uint16
 }
 
 func classDir(root string) string { return filepath.Join(root, "class", "infiniband") }
@@ -264,7 +73,6 @@ func listPorts(root string) ([]portInfo, error) {
 			if err != nil {
 				return nil, err
 			}
-			p.nports = len(nums)
 			ports = append(ports, p)
 		}
 	}
@@ -297,9 +105,14 @@ func readPort(root, device string, num uint8) (portInfo, error) {
 	if _, err := os.Stat(dir); err != nil {
 		return portInfo{}, fmt.Errorf("port %d of %s: %w", num, device, err)
 	}
-	p := portInfo{device: device, num: num, dir: dir, state: verbs.PortNop, stateText: "state unknown", nports: 1}
+	p := portInfo{device: device, num: num, dir: dir, state: verbs.PortNop}
 	if s, err := readLine(filepath.Join(dir, "state")); err == nil {
-		p.state, p.stateText = parsePortState(s)
+		p.state, _ = parsePortState(s)
+	}
+	if s, err := readLine(filepath.Join(dir, "lid")); err == nil {
+		if n, err := strconv.ParseUint(strings.TrimPrefix(s, "0x"), 16, 16); err == nil {
+			p.lid = uint16(n)
+		}
 	}
 	p.linkLayer = verbs.LinkLayerInfiniBand
 	if s, err := readLine(filepath.Join(dir, "link_layer")); err == nil {
@@ -387,18 +200,75 @@ func readGIDTable(root string, p portInfo) ([]verbs.GIDEntry, error) {
 	return table, nil
 }
 
-// ipoibNetdevs lists the network interfaces that belong to an InfiniBand port, by the
-// rule documented on Selector.Select.
-func ipoibNetdevs(root string, p portInfo) []string {
+// sysfsDevices describes every device from sysfs alone, devices in name order: name,
+// transport, and per port the state, link layer, LID, GID table and netdevs (what the
+// selector, verbs.Selector, reads). Limits come from ibv_query_device and stay zero.
+// The provider's Devices fills the same sysfs fields through addSysfsAttrs; tests feed
+// fake trees through this function to the selector.
+func sysfsDevices(root string) ([]verbs.DeviceAttr, error) {
+	ports, err := listPorts(root)
+	if err != nil {
+		return nil, err
+	}
+	var devs []verbs.DeviceAttr
+	for _, p := range ports {
+		if len(devs) == 0 || devs[len(devs)-1].Name != p.device {
+			devs = append(devs, verbs.DeviceAttr{Name: p.device})
+		}
+		gids, err := readGIDTable(root, p)
+		if err != nil {
+			return nil, err
+		}
+		d := &devs[len(devs)-1]
+		d.Ports = append(d.Ports, verbs.PortAttr{Num: p.num, State: p.state, LinkLayer: p.linkLayer, LID: p.lid, GIDs: gids})
+	}
+	for i := range devs {
+		addSysfsAttrs(root, &devs[i])
+	}
+	return devs, nil
+}
+
+// addSysfsAttrs fills the fields of attr that only sysfs knows: the device's transport
+// (node_type) and each port's netdevs (portNetdevs). The GID tables must be filled.
+func addSysfsAttrs(root string, attr *verbs.DeviceAttr) {
+	attr.Transport = readTransport(root, attr.Name)
+	for i := range attr.Ports {
+		p := &attr.Ports[i]
+		p.Netdevs = portNetdevs(root, attr.Name, p.Num, len(attr.Ports), p.GIDs)
+	}
+}
+
+// readTransport reads a device's node_type ("1: CA", "4: RNIC"; the kernel's enum
+// rdma_node_type). A device without the file is TransportUnspecified.
+func readTransport(root, device string) verbs.Transport {
+	s, err := readLine(filepath.Join(classDir(root), device, "node_type"))
+	if err != nil {
+		return verbs.TransportUnspecified
+	}
+	num, _, _ := strings.Cut(s, ":")
+	switch strings.TrimSpace(num) {
+	case "1": // RDMA_NODE_IB_CA: InfiniBand and RoCE
+		return verbs.TransportIB
+	case "4": // RDMA_NODE_RNIC: iWARP
+		return verbs.TransportIWARP
+	}
+	return verbs.TransportOther
+}
+
+// portNetdevs lists the network interfaces of port num of device (nports ports): the
+// netdevs its GID entries name (RoCE, and IPoIB where the kernel names them), then the
+// interfaces of the device's PCI function (device/net/<ifname>) whose dev_port file
+// (0-based) is num-1; an interface without dev_port belongs to a single-port device's
+// only port. The second source is how an IPoIB interface is found on InfiniBand ports,
+// whose GID entries name no netdev on most kernels.
+func portNetdevs(root, device string, num uint8, nports int, gids []verbs.GIDEntry) []string {
 	var names []string
-	if ents, err := os.ReadDir(filepath.Join(p.dir, "gid_attrs", "ndevs")); err == nil {
-		for _, e := range ents {
-			if nd, err := readLine(filepath.Join(p.dir, "gid_attrs", "ndevs", e.Name())); err == nil && nd != "" {
-				names = appendOnce(names, nd)
-			}
+	for _, g := range gids {
+		if g.Netdev != "" {
+			names = appendOnce(names, g.Netdev)
 		}
 	}
-	netDir := filepath.Join(classDir(root), p.device, "device", "net")
+	netDir := filepath.Join(classDir(root), device, "device", "net")
 	ents, err := os.ReadDir(netDir)
 	if err != nil {
 		return names
@@ -406,40 +276,16 @@ func ipoibNetdevs(root string, p portInfo) []string {
 	for _, e := range ents {
 		s, err := readLine(filepath.Join(netDir, e.Name(), "dev_port"))
 		if err != nil {
-			if p.nports == 1 {
+			if nports == 1 {
 				names = appendOnce(names, e.Name())
 			}
 			continue
 		}
-		if n, err := strconv.Atoi(s); err == nil && n == int(p.num)-1 {
+		if n, err := strconv.Atoi(s); err == nil && n == int(num)-1 {
 			names = appendOnce(names, e.Name())
 		}
 	}
 	return names
-}
-
-// hostNetdevOf names the interface of this host that holds ip.
-func hostNetdevOf(ip netip.Addr) (string, error) {
-	ifs, err := net.Interfaces()
-	if err != nil {
-		return "", err
-	}
-	for _, ifc := range ifs {
-		addrs, err := ifc.Addrs()
-		if err != nil {
-			continue
-		}
-		for _, a := range addrs {
-			pfx, ok := a.(*net.IPNet)
-			if !ok {
-				continue
-			}
-			if got, ok := netip.AddrFromSlice(pfx.IP); ok && got.Unmap() == ip {
-				return ifc.Name, nil
-			}
-		}
-	}
-	return "", nil
 }
 
 // readLine reads a one-line sysfs attribute without its trailing newline.

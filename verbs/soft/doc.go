@@ -13,8 +13,14 @@
 // are: a QP connects, in its RTR transition, to the QP number DestQPN on the device whose
 // GID is Dest.DestGID, both exchanged out of band. Device i (named soft<i>) has two RoCE v2
 // GIDs: a link-local fe80:: GID (index 0) and the IPv4-mapped address 127.0.0.(i+1)
-// (index 1). QPs on the same device or on different devices of one [Fabric] connect; QPs
-// of different fabrics never see each other.
+// (index 1), on netdev "lo". QPs on the same device or on different devices of one
+// [Fabric] connect; QPs of different fabrics never see each other.
+//
+// [Options].Ports gives a device another port ([PortConfig]): a GID table with holes
+// (entries at their hardware indices), several addresses, netdevs, an InfiniBand link
+// layer, a state. The source GID is the entry SGIDIndex names by hardware index: an
+// empty index fails ToRTR, and requests sent from a GID other than the one the
+// responder connected to are dropped, as a kernel device drops them.
 //
 // # Rules enforced
 //

@@ -2,7 +2,6 @@ package soft
 
 import (
 	"fmt"
-	"net/netip"
 	"sync"
 	"sync/atomic"
 
@@ -47,6 +46,10 @@ type Options struct {
 	// mean 1; values above 254 mean 254. Device i has the RoCE v2 GID of the loopback
 	// address 127.0.0.(i+1), so a test that dials 127.0.0.1 finds soft0 by its address.
 	Devices int
+	// Ports configures the port of device i with Ports[i] (GID table with holes,
+	// netdevs, link layer, state: see [PortConfig]); devices beyond it take the
+	// default port. An invalid configuration fails Devices and Open.
+	Ports []PortConfig
 	// Limits are the device limits.
 	Limits Limits
 	// TimeScale multiplies every transport timer: the local ACK timeout after which a
@@ -81,6 +84,8 @@ type Fabric struct {
 	live struct {
 		contexts, pds, mrs, cqs, qps, channels atomic.Int64
 	}
+
+	configErr error // an invalid Options.Ports, returned by Devices and Open
 }
 
 // The soft types implement the verbs interfaces.
@@ -133,15 +138,9 @@ func New(opts Options) *Fabric {
 	for i := range n {
 		d := &device{fab: f, index: i, qps: make(map[uint32]*QP), nextQPN: 0x100}
 		guid := uint64(0x02005eff_fe000000) | uint64(i+1)
-		ip := netip.AddrFrom4([4]byte{127, 0, 0, byte(i + 1)})
-		var local verbs.GID
-		local[0], local[1] = 0xfe, 0x80
-		for b := range 8 {
-			local[8+b] = byte(guid >> (56 - 8*b))
-		}
-		gids := []verbs.GIDEntry{
-			{Index: 0, GID: local, Type: verbs.GIDTypeRoCEv2, Netdev: "lo"},
-			{Index: 1, GID: verbs.GIDFromAddr(ip), Type: verbs.GIDTypeRoCEv2, Netdev: "lo"},
+		port, err := portAttr(opts, i, guid) // gid.go
+		if err != nil && f.configErr == nil {
+			f.configErr = err
 		}
 		d.attr = verbs.DeviceAttr{
 			Name:      fmt.Sprintf("soft%d", i),
@@ -154,19 +153,14 @@ func New(opts Options) *Fabric {
 			MaxMR:     f.limits.MaxMR,
 			MaxMRSize: f.limits.MaxMRSize,
 			MaxInline: f.limits.MaxInline,
-			Ports: []verbs.PortAttr{{
-				Num:       1,
-				State:     verbs.PortActive,
-				MaxMTU:    verbs.MTU4096,
-				ActiveMTU: verbs.MTU4096,
-				LinkLayer: verbs.LinkLayerEthernet,
-				GIDs:      gids,
-			}},
+			Ports:     []verbs.PortAttr{port},
 		}
 		f.devices = append(f.devices, d)
 		f.byName[d.attr.Name] = d
-		for _, g := range gids {
-			f.byGID[g.GID] = d
+		for _, g := range port.GIDs {
+			if f.byGID[g.GID] == nil { // a GID on two devices: the first one holds it
+				f.byGID[g.GID] = d
+			}
 		}
 	}
 	return f
@@ -199,6 +193,9 @@ func (f *Fabric) Name() string { return "soft" }
 
 // Devices lists the fabric's devices. The slices returned are copies.
 func (f *Fabric) Devices() ([]verbs.DeviceAttr, error) {
+	if f.configErr != nil {
+		return nil, f.configErr
+	}
 	out := make([]verbs.DeviceAttr, len(f.devices))
 	for i, d := range f.devices {
 		out[i] = d.attrCopy()
@@ -208,6 +205,9 @@ func (f *Fabric) Devices() ([]verbs.DeviceAttr, error) {
 
 // Open opens the named device. Each call returns a new, independent context.
 func (f *Fabric) Open(name string) (verbs.Context, error) {
+	if f.configErr != nil {
+		return nil, f.configErr
+	}
 	d, ok := f.byName[name]
 	if !ok {
 		return nil, fmt.Errorf("soft: open %q: %w", name, verbs.ErrNoDevice)
@@ -224,6 +224,7 @@ func (d *device) attrCopy() verbs.DeviceAttr {
 	a.Ports = make([]verbs.PortAttr, len(d.attr.Ports))
 	for i, p := range d.attr.Ports {
 		p.GIDs = append([]verbs.GIDEntry(nil), p.GIDs...)
+		p.Netdevs = append([]string(nil), p.Netdevs...)
 		a.Ports[i] = p
 	}
 	return a

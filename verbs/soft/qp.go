@@ -62,7 +62,8 @@ type sendQueue struct {
 	unreported uint64 // WRs completed without a completion, released by the next one
 
 	// Connection, set by ToRTR and ToRTS.
-	destDev  *device // device of the destination GID, nil if no device has it
+	sgid     verbs.GID // source GID: the entry the address vector's SGIDIndex names
+	destDev  *device   // device of the destination GID, nil if no device has it
 	destQPN  uint32
 	mtu      uint32
 	psn      uint32 // PSN of the next request
@@ -86,7 +87,8 @@ type recvQueue struct {
 
 	// Connection, set by ToInit and ToRTR.
 	access verbs.AccessFlags
-	srcDev *device // device of the connected requester
+	srcGID verbs.GID // GID of the connected requester (the RTR's DestGID)
+	srcDev *device   // device of the connected requester
 	srcQPN uint32
 	mtu    uint32
 	epsn   uint32 // PSN expected of the next request
@@ -231,10 +233,12 @@ func (q *QP) ToRTR(attr verbs.RTRAttr) error {
 		return fmt.Errorf("soft: QP %#x: to RTR: RoCE needs a global route (IsGlobal): %w", q.qpn, verbs.ErrInvalidArgument)
 	case attr.Dest.Port != 1:
 		return fmt.Errorf("soft: QP %#x: to RTR: no port %d: %w", q.qpn, attr.Dest.Port, verbs.ErrInvalidArgument)
-	case int(attr.Dest.SGIDIndex) >= len(ports[0].GIDs):
-		return fmt.Errorf("soft: QP %#x: to RTR: no GID index %d: %w", q.qpn, attr.Dest.SGIDIndex, verbs.ErrInvalidArgument)
 	case attr.MinRNRTimer > 31:
 		return fmt.Errorf("soft: QP %#x: to RTR: RNR timer %d: %w", q.qpn, attr.MinRNRTimer, verbs.ErrInvalidArgument)
+	}
+	sgid, ok := gidAt(ports[0], attr.Dest.SGIDIndex)
+	if !ok { // the kernel fails to find the source GID's attributes
+		return fmt.Errorf("soft: QP %#x: to RTR: GID index %d is empty: %w", q.qpn, attr.Dest.SGIDIndex, verbs.ErrInvalidArgument)
 	}
 	q.lock()
 	defer q.unlock()
@@ -245,6 +249,7 @@ func (q *QP) ToRTR(attr verbs.RTRAttr) error {
 	q.sq.destDev, q.sq.destQPN, q.sq.mtu, q.sq.peer = dest, attr.DestQPN, uint32(attr.PathMTU.Bytes()), nil
 	q.rq.srcDev, q.rq.srcQPN, q.rq.mtu = dest, attr.DestQPN, uint32(attr.PathMTU.Bytes())
 	q.rq.epsn, q.rq.minRNR = attr.RQPSN, attr.MinRNRTimer
+	q.sq.sgid, q.rq.srcGID = sgid.GID, attr.Dest.DestGID
 	return nil
 }
 
@@ -306,13 +311,13 @@ func (q *QP) ToReset() error {
 // slots polled so far, and no further poll releases any.
 func (s *sendQueue) reset(polled uint64) {
 	s.posted, s.unreported = polled, 0
-	s.destDev, s.destQPN, s.mtu, s.psn, s.peer = nil, 0, 0, 0, nil
+	s.destDev, s.destQPN, s.mtu, s.psn, s.peer, s.sgid = nil, 0, 0, 0, nil, verbs.GID{}
 	s.timeout, s.retry, s.rnrRetry, s.rnrTimer = 0, 0, 0, 0
 }
 
 func (r *recvQueue) reset(polled uint64) {
 	r.posted = polled
-	r.access, r.srcDev, r.srcQPN, r.mtu, r.epsn, r.minRNR = 0, nil, 0, 0, 0, 0
+	r.access, r.srcDev, r.srcQPN, r.mtu, r.epsn, r.minRNR, r.srcGID = 0, nil, 0, 0, 0, 0, verbs.GID{}
 }
 
 // discardLocked empties both queues without completions and removes the QP's completions

@@ -68,7 +68,8 @@ func (q *QP) recvCompleteLocked(r *rwqe, wc *verbs.WorkCompletion, solicited boo
 }
 
 // acceptsLocked reports whether this QP, as responder, takes requests from requester r
-// now: it must be ready to receive and connected back to r with the PSN r sends next.
+// now: it must be ready to receive and connected back to r, the GID r sends from, with
+// the PSN r sends next.
 // Anything else is a request the responder drops, which the requester sees as a loss.
 func (q *QP) acceptsLocked(r *QP) bool {
 	if q.closed.Load() {
@@ -77,7 +78,7 @@ func (q *QP) acceptsLocked(r *QP) bool {
 	if st := q.State(); st != verbs.QPStateRTR && st != verbs.QPStateRTS {
 		return false
 	}
-	return q.rq.srcDev == r.dev && q.rq.srcQPN == r.qpn && q.rq.epsn == r.sq.psn
+	return q.rq.srcDev == r.dev && q.rq.srcQPN == r.qpn && q.rq.epsn == r.sq.psn && q.rq.srcGID == r.sq.sgid
 }
 
 // respondLocked executes request e from requester r at this QP, the responder. The

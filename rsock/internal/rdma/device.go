@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"net/netip"
 	"reflect"
 	"sync"
@@ -78,7 +77,8 @@ var devices = struct {
 }{open: make(map[deviceKey]*device)}
 
 // acquireDevice returns the shared device of provider p that serves local address ip,
-// opening it on first use, and the port and GID the connection uses on it. Each
+// opening it on first use, and the port and GID the connection uses on it, as sel (the
+// one selector, verbs.Selector) chooses them from the provider's device list. Each
 // successful call must be paired with release.
 //
 // It honours ctx at every step that can block: the device listing and the opening both
@@ -86,7 +86,7 @@ var devices = struct {
 // share one listing and one opening) and only as long as ctx lasts. A caller whose ctx
 // ends gets ctx.Err(); the step it gave up on completes in the background, and a device
 // opened for nobody is closed at once.
-func acquireDevice(ctx context.Context, p verbs.Provider, ip netip.Addr) (*device, portPath, error) {
+func acquireDevice(ctx context.Context, p verbs.Provider, ip netip.Addr, sel verbs.Selector) (*device, portPath, error) {
 	if !reflect.TypeOf(p).Comparable() {
 		// Devices are shared by provider; a provider must be usable as a map key.
 		return nil, portPath{}, fmt.Errorf("provider %s of type %T is not comparable: use a pointer", p.Name(), p)
@@ -95,10 +95,11 @@ func acquireDevice(ctx context.Context, p verbs.Provider, ip netip.Addr) (*devic
 	if err != nil {
 		return nil, portPath{}, fmt.Errorf("list devices: %w", err)
 	}
-	devAttr, path, err := selectPort(attrs, ip)
+	chosen, err := sel.Select(attrs, ip)
 	if err != nil {
 		return nil, portPath{}, err
 	}
+	devAttr, path := chosen.Device, portPath{port: chosen.Port, gid: chosen.GID}
 	key := deviceKey{provider: p, name: devAttr.Name}
 
 	devices.Lock()
@@ -274,59 +275,4 @@ func (d *device) pollerFor(entries, cqSize, spin int) (*poller, error) {
 	}
 	d.pollers = append(d.pollers, p)
 	return p, nil
-}
-
-// selectPort chooses the device, active port and GID to use for connections whose
-// bootstrap connection runs from local address ip. A RoCE GID holding ip wins (RoCE v2
-// over v1); otherwise the first active InfiniBand port, addressed by its lowest
-// populated GID and its LID, serves any IP (IPoIB or a software fabric).
-//
-// The GID entry returned carries its hardware index (GIDEntry.Index), the one the
-// address vector names: GID tables have holes, so it is not the entry's position in
-// PortAttr.GIDs. Entries beyond index 255, which an address vector cannot name, are
-// never chosen.
-func selectPort(devs []verbs.DeviceAttr, ip netip.Addr) (verbs.DeviceAttr, portPath, error) {
-	ip = ip.WithZone("").Unmap()
-	type choice struct {
-		dev   int
-		port  int
-		gid   int // position in the port's GIDs
-		score int
-	}
-	best := choice{score: -1}
-	for di, d := range devs {
-		for pi, p := range d.Ports {
-			if p.State != verbs.PortActive {
-				continue
-			}
-			lowest := -1 // position of the lowest populated index on an IB port
-			for gi, g := range p.GIDs {
-				if g.GID.IsZero() || g.Index < 0 || g.Index > math.MaxUint8 {
-					continue
-				}
-				if lowest < 0 || g.Index < p.GIDs[lowest].Index {
-					lowest = gi
-				}
-				score := -1
-				switch {
-				case p.LinkLayer == verbs.LinkLayerEthernet && g.GID.Addr() == ip && g.Type == verbs.GIDTypeRoCEv2:
-					score = 3
-				case p.LinkLayer == verbs.LinkLayerEthernet && g.GID.Addr() == ip:
-					score = 2
-				}
-				if score > best.score {
-					best = choice{dev: di, port: pi, gid: gi, score: score}
-				}
-			}
-			if p.LinkLayer != verbs.LinkLayerEthernet && lowest >= 0 && best.score < 1 {
-				best = choice{dev: di, port: pi, gid: lowest, score: 1}
-			}
-		}
-	}
-	if best.score < 0 {
-		return verbs.DeviceAttr{}, portPath{}, fmt.Errorf("%w: no active port serves %s", verbs.ErrNoDevice, ip)
-	}
-	d := devs[best.dev]
-	p := d.Ports[best.port]
-	return d, portPath{port: p, gid: p.GIDs[best.gid]}, nil
 }

@@ -11,15 +11,22 @@
 // whatever the number of connections; the protection domain is each connection's own
 // (see Isolation). The port and the source GID
 // belong to each connection: [PrepareContext] picks them by the bootstrap connection's
-// local IP and names the GID by its hardware index in the port's table, which may have
-// holes. Finding and opening the device is bounded by the caller's context, and a burst
-// of connections on a cold cache lists the provider's devices once.
+// local IP with the one selector, verbs.Selector (RoCE GID equal to the IP, v2 unless
+// Options.RoCEVersion says v1; on InfiniBand the port whose IPoIB interface holds it;
+// iWARP refused), and names the GID by its hardware index in the port's table, which
+// may have holes. Finding and opening the device is bounded by the caller's context,
+// and a burst of connections on a cold cache lists the provider's devices once.
+//
+// A connection's queue depths and buffers are checked against the device's limits
+// before it allocates anything (caps.go): beyond max_qp_wr, max_cqe or max_mr_size,
+// [PrepareContext] fails with [ErrDeviceLimit] naming each figure, and rsock falls
+// back; the CQ size and the inline size are fitted to the device instead.
 //
 // Files follow the data path: setup.go (resources and QP transitions), conn_send.go
 // (Write), conn_recv.go (Read and spilling), conn_spill.go (the unpinned receive
 // buffer), conn_flow.go (credits and completions), conn_close.go (FIN and teardown),
 // poller.go (completion polling shared by many connections), device.go (per-device
-// shared context and CQs).
+// shared context and CQs), caps.go (device limits).
 //
 // # Isolation
 //

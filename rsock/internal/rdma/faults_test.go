@@ -375,7 +375,7 @@ func TestFaultCQOverflow(t *testing.T) {
 	x, y := connPairIPs(t, f, "127.0.0.2", "127.0.0.2", Options{})
 	// The victims' CQ holds 16 entries but admits QPs needing 64 each.
 	opts := Options{RingSize: 64 << 10, SendBufferSize: 16 << 10, RecvWQEs: 32, SendWQEs: 32, CQSize: 16}
-	dev, _, err := acquireDevice(context.Background(), f, loopback)
+	dev, _, err := acquireDevice(context.Background(), f, loopback, verbs.Selector{})
 	require.NoError(t, err)
 	p, err := dev.pollerFor(0, opts.CQSize, 0)
 	require.NoError(t, err)

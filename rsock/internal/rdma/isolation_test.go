@@ -57,11 +57,11 @@ const rogueWQEs = 16
 func newRogue(t *testing.T, p verbs.Provider) *rogue {
 	devs, err := p.Devices()
 	require.NoError(t, err)
-	attr, path, err := selectPort(devs, loopback)
+	chosen, err := verbs.Selector{}.Select(devs, loopback)
 	require.NoError(t, err)
 	r := &rogue{}
-	r.ep.path, r.ep.psn = path, 0x1234
-	r.ctx, err = p.Open(attr.Name)
+	r.ep.path, r.ep.psn = portPath{port: chosen.Port, gid: chosen.GID}, 0x1234
+	r.ctx, err = p.Open(chosen.Device.Name)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		for _, c := range []interface{ Close() error }{r.ep.qp, r.mr, r.cq, r.pd, r.ctx} {
@@ -80,7 +80,7 @@ func newRogue(t *testing.T, p verbs.Provider) *rogue {
 		MaxSendWR: 8, MaxRecvWR: rogueWQEs, MaxSendSGE: 1, MaxRecvSGE: 1,
 	}})
 	require.NoError(t, err)
-	require.NoError(t, r.ep.qp.ToInit(verbs.InitAttr{Port: path.port.Num, Access: verbs.AccessRemoteWrite}))
+	require.NoError(t, r.ep.qp.ToInit(verbs.InitAttr{Port: r.ep.path.port.Num, Access: verbs.AccessRemoteWrite}))
 	for i := range rogueWQEs {
 		require.NoError(t, r.ep.qp.PostRecv([]verbs.RecvWR{{ID: recvWRFlag | uint64(i)}}))
 	}

@@ -43,6 +43,12 @@ type Options struct {
 	// Budget, if not nil, is charged for the endpoint's QP and every byte it registers,
 	// and refunded as they are destroyed; a refused charge fails Prepare (see Budget).
 	Budget Budget
+	// RoCEVersion is the preferred RoCE GID type (verbs.GIDTypeRoCEv1 or v2) when the
+	// local IP has both; zero means v2. See verbs.Selector.
+	RoCEVersion verbs.GIDType
+
+	// netdevOf replaces the selector's interface lookup (verbs.Selector.NetdevOf) in tests.
+	netdevOf func(netip.Addr) (string, error)
 }
 
 // Budget bounds the resources of the endpoints charged to it. rsock's Listener gives the
@@ -180,11 +186,14 @@ func PrepareContext(ctx context.Context, p verbs.Provider, ip netip.Addr, opts O
 			ep.release()
 		}
 	}()
-	dev, path, err := acquireDevice(ctx, p, ip)
+	dev, path, err := acquireDevice(ctx, p, ip, verbs.Selector{RoCEVersion: opts.RoCEVersion, NetdevOf: opts.netdevOf})
 	if err != nil {
 		return nil, err
 	}
 	ep.dev, ep.path = dev, path
+	if err := checkCaps(dev.attr, opts); err != nil { // caps.go
+		return nil, err
+	}
 	if !dev.admit(opts.MaxConns) {
 		return nil, fmt.Errorf("%w: %d on %s", ErrTooManyConns, opts.MaxConns, dev.attr.Name)
 	}
@@ -267,7 +276,7 @@ func (ep *Endpoint) connectQP(peer Offer) error {
 		RQPSN:   peer.PSN,
 		Dest: verbs.AddressVector{
 			LID: peer.LID, Port: ep.path.port.Num, IsGlobal: true,
-			// The hardware index (selectPort never picks one above 255).
+			// The hardware index (the selector never picks one above 255).
 			DestGID: peer.GID, SGIDIndex: uint8(ep.path.gid.Index), HopLimit: 64,
 		},
 		MinRNRTimer: 12, // 0.64 ms; flow control keeps RNR from happening at all

@@ -10,6 +10,7 @@
 #   <dev>/ports/<n>/gid_attrs/ndevs/<i>       network interface name
 #   <dev>/device/net/<ifname>/dev_port        0-based port of an IPoIB interface
 #   <dev>/device/net/<ifname>/type            32 (ARPHRD_INFINIBAND)
+#   <dev>/node_type                           "1: CA", "4: RNIC" (iWARP)
 #
 # Unused GID entries read as all zeros and have no types/ndevs files here (the
 # kernel fails the read instead); neither do InfiniBand GIDs have an ndevs file.
@@ -41,22 +42,33 @@ ipoib() { # tree dev ifname dev_port
 	[ -z "$4" ] || echo "$4" >"$d/dev_port"
 }
 
+node_type() { # tree dev "n: NAME"
+	mkdir -p "$1/class/infiniband/$2"
+	echo "$3" >"$1/class/infiniband/$2/node_type"
+}
+
 # roce_addr tree dev port first-index gid ndev: a v1 and a v2 entry for one address.
 roce_addr() {
 	gid "$1" "$2" "$3" "$4" "$5" "IB/RoCE v1" "$6"
 	gid "$1" "$2" "$3" $(($4 + 1)) "$5" "RoCE v2" "$6"
 }
 
-rm -rf sysfs-roce sysfs-multi sysfs-ib sysfs-empty sysfs-fake sysfs-holes
+rm -rf sysfs-roce sysfs-multi sysfs-ib sysfs-empty sysfs-fake sysfs-holes sysfs-iwarp
 
-# sysfs-roce: one RoCE device, eth0 holds 10.0.0.5, fd00::5 and a link-local address.
+# sysfs-roce: one RoCE device, eth0 holds 10.0.0.5, fd00::5 and a link-local address;
+# a second one, mlx5_1, whose eth1 has the same link-local address (cloned MACs):
+# only the zone tells them apart.
 t=sysfs-roce
+node_type $t mlx5_0 "1: CA"
 port $t mlx5_0 1 "4: ACTIVE" Ethernet
 roce_addr $t mlx5_0 1 0 fe80:0000:0000:0000:0a00:27ff:fe00:0005 eth0
 roce_addr $t mlx5_0 1 2 0000:0000:0000:0000:0000:ffff:0a00:0005 eth0
 roce_addr $t mlx5_0 1 4 fd00:0000:0000:0000:0000:0000:0000:0005 eth0
 gid $t mlx5_0 1 6 $zero
 gid $t mlx5_0 1 7 $zero
+node_type $t mlx5_1 "1: CA"
+port $t mlx5_1 1 "4: ACTIVE" Ethernet
+roce_addr $t mlx5_1 1 0 fe80:0000:0000:0000:0a00:27ff:fe00:0005 eth1
 
 # sysfs-multi: several devices.
 #   mlx5_0 port 1 ACTIVE: eth0 10.0.0.5
@@ -86,6 +98,8 @@ gid $t rxe0 1 0 0000:0000:0000:0000:0000:ffff:0a04:0005
 #   mlx5_1: port 1 DOWN; ib2 (no dev_port, single port)
 #   mlx4_0: port 1 ACTIVE; its interface is named by gid_attrs/ndevs only (ib3)
 t=sysfs-ib
+node_type $t mlx5_0 "1: CA"
+node_type $t mlx5_1 "1: CA"
 port $t mlx5_0 1 "4: ACTIVE" InfiniBand
 gid $t mlx5_0 1 0 fe80:0000:0000:0000:0002:c903:0001:0001 "IB/RoCE v1" ""
 gid $t mlx5_0 1 1 $zero
@@ -117,6 +131,18 @@ roce_addr $t rxe0 1 0 fe80:0000:0000:0000:5054:00ff:fe12:3456 eth0
 for i in 2 3 4 5; do gid $t rxe0 1 $i $zero; done
 roce_addr $t rxe0 1 6 0000:0000:0000:0000:0000:ffff:0a4d:0009 eth0
 for i in 8 9; do gid $t rxe0 1 $i $zero; done
+
+# sysfs-iwarp: an iWARP RNIC (its GIDs are MAC-based, not addresses) whose eth5 holds
+# 10.5.0.5, and a RoCE device holding 10.6.0.5.
+t=sysfs-iwarp
+node_type $t iwp0 "4: RNIC"
+port $t iwp0 1 "4: ACTIVE" Ethernet
+gid $t iwp0 1 0 0007:4321:0055:0000:0000:0000:0000:0000
+mkdir -p $t/class/infiniband/iwp0/device/net/eth5
+echo 1 >$t/class/infiniband/iwp0/device/net/eth5/type # ARPHRD_ETHER
+node_type $t mlx5_0 "1: CA"
+port $t mlx5_0 1 "4: ACTIVE" Ethernet
+roce_addr $t mlx5_0 1 0 0000:0000:0000:0000:0000:ffff:0a06:0005 eth6
 
 # sysfs-empty: the class directory exists but holds no device.
 mkdir -p sysfs-empty/class/infiniband

@@ -1,0 +1,58 @@
+package rdma
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/rsockio/rsock/verbs"
+)
+
+// ErrDeviceLimit reports a connection whose resources the device cannot provide: a
+// queue deeper than its max_qp_wr, more completions than one CQ holds (max_cqe), a
+// ring larger than it can register (max_mr_size). The error names each figure.
+var ErrDeviceLimit = errors.New("rdma: beyond the device's limits")
+
+// checkCaps checks a connection's options against the limits of the device chosen for
+// it, before the connection allocates anything on it, so that a device too small for them is a reason to
+// stay on the fallback transport (named, with the figures) and not a verbs error in the
+// middle of the setup. A limit of zero is one the provider does not report: unchecked.
+//
+// What is refused and what is fitted to the device:
+//   - SendWQEs and RecvWQEs above MaxQPWR: refused. The receive depth is the peer's
+//     WQE credit and the send depth sizes the staging pipeline; a silently shallower
+//     queue would change both.
+//   - SendWQEs+RecvWQEs above MaxCQE: refused (one CQ must hold a connection's
+//     completions). CQSize above MaxCQE is fitted: the shared CQ is created with
+//     MaxCQE entries (device.pollerFor).
+//   - RingSize or SendBufferSize above MaxMRSize: refused.
+//   - Inline data: fitted, at min(MaxInline, 256) bytes (PrepareContext); larger
+//     writes are posted from the registered staging buffer.
+//   - Scatter/gather entries: every work request uses one SGE, which every device has.
+func checkCaps(d verbs.DeviceAttr, opts Options) error {
+	var over []string
+	add := func(format string, args ...any) { over = append(over, fmt.Sprintf(format, args...)) }
+	if d.MaxQPWR > 0 {
+		if opts.SendWQEs > d.MaxQPWR {
+			add("send queue depth %d > max_qp_wr %d", opts.SendWQEs, d.MaxQPWR)
+		}
+		if opts.RecvWQEs > d.MaxQPWR {
+			add("receive queue depth %d > max_qp_wr %d", opts.RecvWQEs, d.MaxQPWR)
+		}
+	}
+	if n := opts.SendWQEs + opts.RecvWQEs; d.MaxCQE > 0 && n > d.MaxCQE {
+		add("%d completions per connection > max_cqe %d", n, d.MaxCQE)
+	}
+	if d.MaxMRSize > 0 {
+		if uint64(opts.RingSize) > d.MaxMRSize {
+			add("receive ring of %d bytes > max_mr_size %d", opts.RingSize, d.MaxMRSize)
+		}
+		if uint64(opts.SendBufferSize) > d.MaxMRSize {
+			add("send buffer of %d bytes > max_mr_size %d", opts.SendBufferSize, d.MaxMRSize)
+		}
+	}
+	if len(over) > 0 {
+		return fmt.Errorf("%w of %s: %s", ErrDeviceLimit, d.Name, strings.Join(over, ", "))
+	}
+	return nil
+}

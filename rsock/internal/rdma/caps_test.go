@@ -1,0 +1,77 @@
+package rdma
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/soft"
+)
+
+func TestCheckCaps(t *testing.T) {
+	def := Options{}.withDefaults() // 64 send and 64 receive WQEs, 128 KiB ring, 64 KiB send buffer
+	dev := func(qpwr, cqe int, mr uint64) verbs.DeviceAttr {
+		return verbs.DeviceAttr{Name: "mlx5_0", MaxQPWR: qpwr, MaxCQE: cqe, MaxMRSize: mr}
+	}
+	tests := []struct {
+		name string
+		dev  verbs.DeviceAttr
+		opts Options
+		want string // "" for no error
+	}{
+		{"within limits", dev(16384, 1<<22, 1<<34), def, ""},
+		{"limits not reported", dev(0, 0, 0), def, ""},
+		{"exactly at the limits", dev(64, 128, 128<<10), def, ""},
+		{"queue depths", dev(32, 0, 0), def,
+			"rdma: beyond the device's limits of mlx5_0: send queue depth 64 > max_qp_wr 32, receive queue depth 64 > max_qp_wr 32"},
+		{"receive depth only", dev(100, 0, 0), Options{RecvWQEs: 128}.withDefaults(),
+			"rdma: beyond the device's limits of mlx5_0: receive queue depth 128 > max_qp_wr 100"},
+		{"CQ entries", dev(0, 100, 0), def,
+			"rdma: beyond the device's limits of mlx5_0: 128 completions per connection > max_cqe 100"},
+		{"registration size", dev(0, 0, 64<<10), def,
+			"rdma: beyond the device's limits of mlx5_0: receive ring of 131072 bytes > max_mr_size 65536"},
+		{"send buffer", dev(0, 0, 64<<10), Options{RingSize: 64 << 10, SendBufferSize: 128 << 10}.withDefaults(),
+			"rdma: beyond the device's limits of mlx5_0: send buffer of 131072 bytes > max_mr_size 65536"},
+	}
+	for _, tt := range tests {
+		err := checkCaps(tt.dev, tt.opts)
+		if tt.want == "" {
+			if err != nil {
+				t.Errorf("%s: checkCaps = %v, want nil", tt.name, err)
+			}
+			continue
+		}
+		require.ErrorIs(t, err, ErrDeviceLimit, tt.name)
+		if err.Error() != tt.want {
+			t.Errorf("%s: checkCaps = %q, want %q", tt.name, err, tt.want)
+		}
+	}
+}
+
+// TestPrepareWithinDeviceLimits prepares endpoints on soft devices with small limits:
+// queue depths beyond max_qp_wr are refused before anything is allocated, with the
+// figures; the CQ and the inline size are fitted to the device.
+func TestPrepareWithinDeviceLimits(t *testing.T) {
+	f := soft.New(soft.Options{Limits: soft.Limits{MaxQPWR: 32}})
+	_, err := Prepare(f, loopback, Options{})
+	require.ErrorIs(t, err, ErrDeviceLimit)
+	require.EqualError(t, err, "rdma: beyond the device's limits of soft0: send queue depth 64 > max_qp_wr 32, receive queue depth 64 > max_qp_wr 32")
+	requireReleased(t, f)
+	require.Zero(t, f.Stats().Contexts, "nothing opened for nobody")
+
+	e, err := Prepare(f, loopback, Options{SendWQEs: 32, RecvWQEs: 32})
+	require.NoError(t, err, "depths at the limit")
+	require.NoError(t, e.Abort())
+	requireReleased(t, f)
+
+	// A CQ larger than max_cqe is fitted to it; inline data to max_inline.
+	g := soft.New(soft.Options{Limits: soft.Limits{MaxCQE: 1024, MaxInline: 64}})
+	a, b := connPair(t, g, Options{CQSize: 1 << 20})
+	require.Equal(t, 1024, a.ep.poller.capacity, "CQ entries")
+	require.Equal(t, 64, a.ep.inline, "inline size")
+	moveVerified(t, a, b, 64<<10)
+	require.NoError(t, a.Close())
+	require.NoError(t, b.Close())
+	requireReleased(t, g)
+}
