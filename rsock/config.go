@@ -148,6 +148,13 @@ type Config struct {
 	// and then an error, never a clean io.EOF. Negative means Close does not wait.
 	// Default DefaultLinger.
 	Linger time.Duration
+	// MaxRegisteredMemory, if positive, caps the memory the process registers with
+	// each RDMA device (receive rings and send buffers of all its connections there,
+	// shared by every Config). Connections beyond it fall back with a reason matching
+	// [ErrMemoryBudget] that names the figures. Whatever it says, on a device that pins
+	// registered memory (rdma-core) connections fall back with [ErrMemlock] before the
+	// process's pinned memory would pass RLIMIT_MEMLOCK, unless it has CAP_IPC_LOCK.
+	MaxRegisteredMemory int64
 }
 
 // resolve returns a copy of c (nil for defaults) with defaults filled in, or an error if
@@ -186,6 +193,8 @@ func (c *Config) resolve() (*Config, error) {
 		return nil, fmt.Errorf("negative SendBufferSize %d", r.SendBufferSize)
 	case r.RecvWQEs < 0:
 		return nil, fmt.Errorf("negative RecvWQEs %d", r.RecvWQEs)
+	case r.MaxRegisteredMemory < 0:
+		return nil, fmt.Errorf("negative MaxRegisteredMemory %d", r.MaxRegisteredMemory)
 	case r.ReadBufferSize > rdma.MaxReadBufferSize:
 		return nil, fmt.Errorf("ReadBufferSize %d is above 1 GiB", r.ReadBufferSize)
 	}

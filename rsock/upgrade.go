@@ -204,6 +204,9 @@ func prepareReason(p verbs.Provider, err error) error {
 	switch {
 	case errors.Is(err, verbs.ErrNoDevice):
 		return fmt.Errorf("%w: provider %s: %w", ErrNoDevice, p.Name(), err)
+	case errors.Is(err, rdma.ErrMemoryBudget), errors.Is(err, rdma.ErrMemlock):
+		// The engine's text names the limit and the figures.
+		return fmt.Errorf("%w: provider %s: %w", ErrResourcesExhausted, p.Name(), err)
 	case errors.Is(err, verbs.ErrNoResources), errors.Is(err, rdma.ErrTooManyConns):
 		return fmt.Errorf("%w: provider %s: %w", ErrResourcesExhausted, p.Name(), err)
 	}
@@ -228,6 +231,8 @@ func (c *Config) rdmaOptions() rdma.Options {
 		MaxConns:       c.MaxRDMAConns,
 		ReadBufferSize: c.ReadBufferSize,
 		Linger:         c.Linger,
+
+		MaxRegisteredMemory: c.MaxRegisteredMemory,
 	}
 }
 

@@ -40,6 +40,12 @@ type Options struct {
 	// after them, to be acknowledged by the peer (see "Closing" in the package docs).
 	// Default 5 s; negative means Close does not wait.
 	Linger time.Duration
+	// MaxRegisteredMemory, if positive, caps the bytes of memory the process registers
+	// on one device (rings and send buffers of every connection on it, whatever their
+	// Options). Prepare fails with ErrMemoryBudget beyond it. Independently of it, on a
+	// provider that pins registered memory, Prepare fails with ErrMemlock before the
+	// process's pinned memory would pass RLIMIT_MEMLOCK (see registerMR).
+	MaxRegisteredMemory int64
 }
 
 // Defaults. An idle connection holds RingSize+SendBufferSize = 192 KiB of registered
@@ -92,6 +98,8 @@ func (o Options) validate() error {
 		return fmt.Errorf("%d receive WQEs is below the minimum of %d", o.RecvWQEs, MinRecvWQEs)
 	case o.SendWQEs < 4:
 		return fmt.Errorf("send queue depth %d is below 4", o.SendWQEs)
+	case o.MaxRegisteredMemory < 0:
+		return fmt.Errorf("negative registered-memory budget %d", o.MaxRegisteredMemory)
 	case o.ReadBufferSize > MaxReadBufferSize:
 		return fmt.Errorf("read buffer of %d bytes is above %d", o.ReadBufferSize, MaxReadBufferSize)
 	}
@@ -165,11 +173,11 @@ func PrepareContext(ctx context.Context, p verbs.Provider, ip netip.Addr, opts O
 		ep.entries = 0
 		return nil, err
 	}
-	if ep.ring, err = dev.pd.RegMR(opts.RingSize, verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
-		return nil, fmt.Errorf("register %d-byte receive ring: %w", opts.RingSize, err)
+	if ep.ring, err = ep.registerMR(opts.RingSize, verbs.AccessLocalWrite|verbs.AccessRemoteWrite, "receive ring"); err != nil {
+		return nil, err
 	}
-	if ep.sendBuf, err = dev.pd.RegMR(opts.SendBufferSize, verbs.AccessLocalWrite); err != nil {
-		return nil, fmt.Errorf("register %d-byte send buffer: %w", opts.SendBufferSize, err)
+	if ep.sendBuf, err = ep.registerMR(opts.SendBufferSize, verbs.AccessLocalWrite, "send buffer"); err != nil {
+		return nil, err
 	}
 	ep.inline = min(dev.attr.MaxInline, maxInline)
 	ep.qp, err = dev.pd.CreateQP(verbs.QPInitAttr{
