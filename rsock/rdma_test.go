@@ -64,6 +64,8 @@ func TestRDMAFallbackReasons(t *testing.T) {
 		clientWhy  error
 		serverWhy  error
 		clientPeer bool
+		// clientText and serverText, if set, are in the reasons' texts.
+		clientText, serverText string
 	}{
 		// Configurations without RDMA are explicit: a nil Provider is the default one,
 		// which finds a device where the build and the machine have one.
@@ -86,6 +88,18 @@ func TestRDMAFallbackReasons(t *testing.T) {
 			name:      "registration fails on the client",
 			setup:     func(fab *soft.Fabric, scfg, ccfg *Config) { fab.FailAllocs(soft.AllocMR, 1) },
 			clientWhy: ErrResourcesExhausted, serverWhy: ErrPeerOfferedNone,
+		},
+		{
+			name:      "client's registered-memory budget",
+			setup:     func(fab *soft.Fabric, scfg, ccfg *Config) { ccfg.MaxRegisteredMemory = 64 << 10 },
+			clientWhy: ErrMemoryBudget, serverWhy: ErrPeerOfferedNone,
+			clientText: "over the budget of 65536 (MaxRegisteredMemory)",
+		},
+		{
+			name:      "server's registered-memory budget",
+			setup:     func(fab *soft.Fabric, scfg, ccfg *Config) { scfg.MaxRegisteredMemory = 64 << 10 },
+			clientWhy: ErrResourcesExhausted, serverWhy: ErrMemoryBudget, clientPeer: true,
+			serverText: "register 131072-byte receive ring: rdma: registered-memory budget exceeded: 131072 bytes more on soft0 would make 327680, over the budget of 65536 (MaxRegisteredMemory)",
 		},
 		{
 			name:      "client disabled RDMA",
@@ -112,6 +126,12 @@ func TestRDMAFallbackReasons(t *testing.T) {
 				require.ErrorIs(t, c.FallbackReason(), tt.clientWhy)
 				require.ErrorIs(t, s.FallbackReason(), tt.serverWhy)
 				require.Equal(t, tt.clientPeer, errors.Is(c.FallbackReason(), ErrPeerDeclined), "client reason %v", c.FallbackReason())
+				if tt.clientText != "" {
+					require.ErrorContains(t, c.FallbackReason(), tt.clientText)
+				}
+				if tt.serverText != "" {
+					require.ErrorContains(t, s.FallbackReason(), tt.serverText)
+				}
 			}
 			requireEcho(t, c, s)
 			c.Close()
