@@ -24,8 +24,8 @@ type Arrival struct {
 // A data message's bytes are now readable (see Unread). Credit the message carries is
 // applied to the send half. Any error is a protocol violation by the peer, wrapping one
 // of ErrMalformed, ErrRingOverrun, ErrWQEOverrun, ErrCreditOverflow, ErrAfterFIN or
-// ErrBadResize; the
-// Endpoint then stays failed and the connection should be closed with that error.
+// ErrBadResize; the Endpoint then stays failed and the connection should be closed with
+// that error.
 func (e *Endpoint) OnArrival(byteLen, imm uint32) (Arrival, error) {
 	if e.err != nil {
 		return Arrival{}, e.err
