@@ -46,6 +46,11 @@ func (e *Endpoint) resizeBusy() error {
 	return nil
 }
 
+// Held is how many bytes of this side's ring the peer may not write now: those buffered
+// and those consumed whose credit has not gone back yet. A ring the peer keeps nearly
+// full of them limits its stream: the engine grows it.
+func (e *Endpoint) Held() int { return int(e.arrived - e.returned) }
+
 // RingSize is the size of the ring data lands in now: the one a switch last made
 // current, or the first.
 func (e *Endpoint) RingSize() int { return int(e.ring) }

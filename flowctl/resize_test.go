@@ -151,6 +151,7 @@ func TestResizeGrowAndShrink(t *testing.T) {
 	const small, large = 4 << 10, 16 << 10
 	p := newResizePair(t, small)
 	require.Equal(t, []Piece{{Off: 0, Len: 3000}}, p.write(3000))
+	require.Equal(t, 3000, p.r.Held())
 
 	// Grow: the resize goes out, the switch comes back at once.
 	require.NoError(t, p.r.Resize(large))
@@ -171,6 +172,7 @@ func TestResizeGrowAndShrink(t *testing.T) {
 	require.Zero(t, second.Len)
 	require.NoError(t, p.r.Consume(3000))
 	require.False(t, p.r.OldRing(), "drained: the engine frees it")
+	require.Equal(t, 13000, p.r.Held(), "consumed, not yet returned")
 	first, _ = p.r.Unread()
 	require.Equal(t, Piece{Off: 0, Len: 10000}, first)
 	require.NoError(t, p.r.Consume(4000))

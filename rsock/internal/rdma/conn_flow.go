@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/rsockio/rsock/flowctl"
 	"github.com/rsockio/rsock/verbs"
 )
 
@@ -47,8 +48,19 @@ func (c *Conn) onRecv(wc *verbs.WorkCompletion) {
 		c.failLocked(protocolError(err))
 		return
 	}
+	switch a.Kind {
+	case flowctl.KindResize:
+		if err := c.onResizeLocked(wc.ByteLen, wc.Imm); err != nil {
+			c.failLocked(protocolError(err))
+			return
+		}
+	case flowctl.KindSwitch:
+		c.onSwitchLocked()
+	}
 	if a.Len > 0 {
+		c.dataArrivals++
 		c.spillLocked()
+		c.maybeGrowLocked()
 	}
 	if a.Len > 0 || c.fc.PeerClosed() {
 		signal(c.readable)

@@ -16,8 +16,16 @@ import (
 // Options size a connection's resources. Zero fields take the defaults below.
 type Options struct {
 	// RingSize is the receive ring's size in bytes, a power of two between MinRingSize
-	// and MaxRingSize. Default 128 KiB.
+	// and MaxRingSize. Default 128 KiB. With GrowRingTo above it, it is the size the
+	// ring starts at.
 	RingSize int
+	// GrowRingTo, if above RingSize, lets the ring grow while a stream keeps it full,
+	// by factors of four up to GrowRingTo, and shrink back to RingSize when the
+	// connection idles (see "Rings that grow" in the package docs). A power of two of
+	// at most 512 KiB. Zero: the ring keeps RingSize. Both ends must set it (to any
+	// size): a side that grows writes its new ring's description into a mailbox that
+	// only a side that sets it registers, behind its ring.
+	GrowRingTo int
 	// SendBufferSize is the registered staging buffer Write copies into. Default 64 KiB.
 	SendBufferSize int
 	// RecvWQEs is how many receive WQEs are kept posted. Default 64.
@@ -88,10 +96,21 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
+// mailbox is how many bytes of mailbox follow the ring: mailboxSize when rings may be
+// resized, else none (on a device that pins, it costs a page).
+func (o Options) mailbox() int {
+	if o.GrowRingTo != 0 {
+		return mailboxSize
+	}
+	return 0
+}
+
 func (o Options) validate() error {
 	switch {
 	case o.RingSize < MinRingSize || o.RingSize > MaxRingSize || bits.OnesCount(uint(o.RingSize)) != 1:
 		return fmt.Errorf("ring size %d is not a power of two in [%d, %d]", o.RingSize, MinRingSize, MaxRingSize)
+	case o.GrowRingTo != 0 && (o.GrowRingTo < o.RingSize || o.GrowRingTo > maxGrownRing || bits.OnesCount(uint(o.GrowRingTo)) != 1):
+		return fmt.Errorf("largest ring %d is not a power of two in [%d, %d]", o.GrowRingTo, o.RingSize, maxGrownRing)
 	case o.SendBufferSize < 1024:
 		return fmt.Errorf("send buffer of %d bytes is below 1 KiB", o.SendBufferSize)
 	case o.RecvWQEs < MinRecvWQEs:
@@ -129,7 +148,9 @@ type Endpoint struct {
 	path     portPath // port and source GID, chosen by the bootstrap connection's local IP
 	poller   *poller
 	entries  int // CQ entries reserved on poller
-	ring     verbs.MR
+	ring     verbs.MR // the ring data lands in, with the mailbox after it (see mailboxSize)
+	oldRing  verbs.MR // the ring a switch replaced, while it holds bytes (conn_resize.go)
+	nextRing verbs.MR // the ring announced to the peer, until its switch arrives
 	sendBuf  verbs.MR
 	qp       verbs.QP
 	psn      uint32
@@ -173,7 +194,7 @@ func PrepareContext(ctx context.Context, p verbs.Provider, ip netip.Addr, opts O
 		ep.entries = 0
 		return nil, err
 	}
-	if ep.ring, err = ep.registerMR(opts.RingSize, verbs.AccessLocalWrite|verbs.AccessRemoteWrite, "receive ring"); err != nil {
+	if ep.ring, err = ep.registerMR(opts.RingSize+opts.mailbox(), ringAccess, "receive ring"); err != nil {
 		return nil, err
 	}
 	if ep.sendBuf, err = ep.registerMR(opts.SendBufferSize, verbs.AccessLocalWrite, "send buffer"); err != nil {
@@ -275,9 +296,11 @@ func (ep *Endpoint) release() error {
 		errs = append(errs, ep.sendBuf.Close())
 		ep.sendBuf = nil
 	}
-	if ep.ring != nil {
-		errs = append(errs, ep.ring.Close())
-		ep.ring = nil
+	for _, mr := range []*verbs.MR{&ep.ring, &ep.oldRing, &ep.nextRing} {
+		if *mr != nil {
+			errs = append(errs, (*mr).Close())
+			*mr = nil
+		}
 	}
 	if ep.poller != nil {
 		ep.poller.unreserve(ep.entries)
