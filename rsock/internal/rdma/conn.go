@@ -64,15 +64,15 @@ type Conn struct {
 	ring        []byte // the ring data lands in (without its mailbox)
 
 	// Rings that grow (conn_resize.go).
-	oldRing        []byte   // the ring the last switch replaced, while it holds bytes
-	growTo         int      // largest ring to grow to; 0: no growth (any more)
-	growErr        error    // why growth stopped, if it did
-	nextRingSize   int      // size of the ring announced, until the switch
-	peerNextAddr   uint64   // the peer's announced ring, written from our switch on
-	peerNextRKey   uint32   //
-	ringSwitches   uint64   // our ring was replaced this many times
-	dataArrivals   uint64   // data messages that arrived
-	arrivalsAtTick uint64   // dataArrivals at the last keepalive tick
+	oldRing        []byte // the ring the last switch replaced, while it holds bytes
+	growTo         int    // largest ring to grow to; 0: no growth (any more)
+	growErr        error  // why growth stopped, if it did
+	nextRingSize   int    // size of the ring announced, until the switch
+	peerNextAddr   uint64 // the peer's announced ring, written from our switch on
+	peerNextRKey   uint32 //
+	ringSwitches   uint64 // our ring was replaced this many times
+	dataArrivals   uint64 // data messages that arrived
+	arrivalsAtTick uint64 // dataArrivals at the last keepalive tick
 
 	// Receive buffering beyond the ring (conn_spill.go, "Buffering" in doc.go).
 	spill       spillBuf

@@ -147,7 +147,7 @@ type Endpoint struct {
 	dev      *device
 	path     portPath // port and source GID, chosen by the bootstrap connection's local IP
 	poller   *poller
-	entries  int // CQ entries reserved on poller
+	entries  int      // CQ entries reserved on poller
 	ring     verbs.MR // the ring data lands in, with the mailbox after it (see mailboxSize)
 	oldRing  verbs.MR // the ring a switch replaced, while it holds bytes (conn_resize.go)
 	nextRing verbs.MR // the ring announced to the peer, until its switch arrives
