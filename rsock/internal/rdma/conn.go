@@ -71,6 +71,9 @@ type Conn struct {
 	peerNextAddr   uint64 // the peer's announced ring, written from our switch on
 	peerNextRKey   uint32 //
 	ringSwitches   uint64 // our ring was replaced this many times
+	stageMax       int    // largest staging buffer to grow to
+	oldStageUntil  uint64 // sends below this WR id use ep.oldSend
+	turnover       uint64 // bytes that arrived since the ring became current
 	dataArrivals   uint64 // data messages that arrived
 	arrivalsAtTick uint64 // dataArrivals at the last keepalive tick
 
@@ -140,7 +143,8 @@ func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) 
 		stageKey:     ep.sendBuf.LKey(),
 		stageAddr:    ep.sendBuf.Addr(),
 		inline:       ep.inline, // the sender's QP decides what goes inline
-		maxChunk:     max(ep.opts.SendBufferSize/4, 1),
+		maxChunk:     max(ep.opts.firstSendBuffer()/4, 1),
+		stageMax:     ep.opts.SendBufferSize,
 		ring:         ep.ring.Bytes()[:ep.opts.RingSize],
 		spillMax:     ep.opts.ReadBufferSize,
 		linger:       ep.opts.Linger,

@@ -60,7 +60,7 @@ func (c *Conn) onRecv(wc *verbs.WorkCompletion) {
 	if a.Len > 0 {
 		c.dataArrivals++
 		c.spillLocked()
-		c.maybeGrowLocked()
+		c.maybeGrowLocked(a.Len)
 	}
 	if a.Len > 0 || c.fc.PeerClosed() {
 		signal(c.readable)
@@ -81,7 +81,10 @@ func (c *Conn) onSendDone(id uint64) {
 		return
 	}
 	c.sqDone = id + 1
-	c.stageHead = c.stageEnd[id%c.sqDepth]
+	// After a larger staging buffer replaced the old one, the old one's sends end
+	// below the new one's start: the head never moves back.
+	c.stageHead = max(c.stageHead, c.stageEnd[id%c.sqDepth])
+	c.freeOldStageLocked()
 	signal(c.writable)
 	signal(c.drained)
 	c.postControlLocked()

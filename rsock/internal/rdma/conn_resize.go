@@ -24,8 +24,11 @@ const (
 	// maxGrownRing is the largest ring a resize may name: above 512 KiB, ring credit
 	// comes in units of more than a byte, and flowctl resizes only within one unit.
 	maxGrownRing = 512 << 10
-	// growFactor is how much a ring grows at a time.
+	// growFactor is how much a ring or a staging buffer grows at a time.
 	growFactor = 4
+	// growAfter is how many times a ring's worth of data passes through it before it
+	// grows, if the peer never filled it.
+	growAfter = 4
 )
 
 // ringAccess is how rings are registered: the peer writes them.
@@ -44,15 +47,17 @@ func parseRingDesc(b []byte) (addr uint64, rkey, size uint32) {
 	return binary.LittleEndian.Uint64(b[0:]), binary.LittleEndian.Uint32(b[8:]), binary.LittleEndian.Uint32(b[12:])
 }
 
-// maybeGrowLocked grows the ring after a data arrival when the peer holds three
-// quarters of it or more (buffered, or consumed and not yet credited): the ring, not
-// the application, is then what limits the stream. Called with mu held.
-func (c *Conn) maybeGrowLocked() {
+// maybeGrowLocked grows the ring after a data arrival of n bytes when the peer holds
+// three quarters of it or more (buffered, or consumed and not yet credited), or when
+// the ring has turned over growAfter times since it became current: either way the
+// stream is busy, and a larger ring lets more of it be in flight. Called with mu held.
+func (c *Conn) maybeGrowLocked(n int) {
+	c.turnover += uint64(n)
 	ring := c.fc.RingSize()
 	if c.growTo <= ring || c.fc.Resizing() || c.fc.OldRing() || c.fc.PeerClosed() || c.closing || c.err != nil {
 		return
 	}
-	if 4*c.fc.Held() < 3*ring {
+	if 4*c.fc.Held() < 3*ring && c.turnover < growAfter*uint64(ring) {
 		return
 	}
 	c.resizeLocked(min(ring*growFactor, c.growTo))
@@ -94,6 +99,7 @@ func (c *Conn) resizeLocked(size int) {
 	}
 	putRingDesc(mr.Bytes()[size+mailboxOut:], mr.Addr(), mr.RKey(), uint32(size))
 	c.ep.nextRing, c.nextRingSize = mr, size
+	c.turnover = 0
 }
 
 // fillResizeWR prepares c.wrs[0] to carry the resize m: the new ring's description,
@@ -166,4 +172,38 @@ func (c *Conn) readRingLocked() []byte {
 		return c.oldRing
 	}
 	return c.ring
+}
+
+// growStageLocked replaces the staging buffer by one four times larger (up to
+// SendBufferSize) when staging, not credit, limits a write. Sends still in flight from
+// the old buffer keep it until they complete (freeOldStageLocked); the new one starts
+// empty, at the cursor where the old one ended, so the cursors stay monotonic. A buffer
+// that cannot be registered stops growth; writes go on with the old one. Called with mu
+// held, by a writer (wmu held: nobody reads into staging outside mu meanwhile).
+func (c *Conn) growStageLocked() {
+	size := min(len(c.stage)*growFactor, c.stageMax)
+	mr, err := c.ep.registerMR(size, verbs.AccessLocalWrite, "send buffer")
+	if err != nil {
+		c.stageMax, c.growErr = len(c.stage), err
+		return
+	}
+	c.ep.oldSend, c.ep.sendBuf = c.ep.sendBuf, mr
+	c.stage, c.stageKey, c.stageAddr = mr.Bytes(), mr.LKey(), mr.Addr()
+	c.stageHead = c.stageTail
+	c.oldStageUntil = c.sqPosted
+	c.maxChunk = max(size/4, 1)
+	c.freeOldStageLocked()
+}
+
+// freeOldStageLocked frees the replaced staging buffer once no send from it is in
+// flight.
+func (c *Conn) freeOldStageLocked() {
+	if c.ep == nil || c.ep.oldSend == nil || c.sqDone < c.oldStageUntil {
+		return
+	}
+	err := c.ep.oldSend.Close()
+	c.ep.oldSend = nil
+	if err != nil {
+		c.failLocked(fmt.Errorf("%w: free the old send buffer: %w", ErrQPFailed, err))
+	}
 }

@@ -116,7 +116,13 @@ func (c *Conn) writeRoomLocked() int {
 	if c.sqDepth-(c.sqPosted-c.sqDone) < 2 {
 		return 0
 	}
-	return min(c.fc.Writable(), c.maxChunk, c.stageContig())
+	w := min(c.fc.Writable(), c.maxChunk)
+	contig := c.stageContig()
+	if contig < w && len(c.stage) < c.stageMax && c.ep != nil && c.ep.oldSend == nil {
+		c.growStageLocked()
+		contig = c.stageContig()
+	}
+	return min(w, contig)
 }
 
 // stageContig is the largest contiguous staging span free at the tail. When the tail

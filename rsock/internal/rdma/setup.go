@@ -20,6 +20,8 @@ type Options struct {
 	// ring starts at.
 	RingSize int
 	// GrowRingTo, if above RingSize, lets the ring grow while a stream keeps it full,
+	// and the staging buffer start at half the first ring and grow up to SendBufferSize
+	// as writes need it,
 	// by factors of four up to GrowRingTo, and shrink back to RingSize when the
 	// connection idles (see "Rings that grow" in the package docs). A power of two of
 	// at most 512 KiB. Zero: the ring keeps RingSize. Both ends must set it (to any
@@ -105,6 +107,16 @@ func (o Options) mailbox() int {
 	return 0
 }
 
+// firstSendBuffer is the size the staging buffer starts at: SendBufferSize, or, when
+// rings grow, half the first ring (at least 1 KiB), growing up to SendBufferSize as
+// writes need it (conn_resize.go).
+func (o Options) firstSendBuffer() int {
+	if o.GrowRingTo == 0 {
+		return o.SendBufferSize
+	}
+	return min(o.SendBufferSize, max(o.RingSize/2, 1<<10))
+}
+
 func (o Options) validate() error {
 	switch {
 	case o.RingSize < MinRingSize || o.RingSize > MaxRingSize || bits.OnesCount(uint(o.RingSize)) != 1:
@@ -152,6 +164,7 @@ type Endpoint struct {
 	oldRing  verbs.MR // the ring a switch replaced, while it holds bytes (conn_resize.go)
 	nextRing verbs.MR // the ring announced to the peer, until its switch arrives
 	sendBuf  verbs.MR
+	oldSend  verbs.MR // the staging buffer a larger one replaced, while sends from it are in flight
 	qp       verbs.QP
 	psn      uint32
 	inline   int
@@ -197,7 +210,7 @@ func PrepareContext(ctx context.Context, p verbs.Provider, ip netip.Addr, opts O
 	if ep.ring, err = ep.registerMR(opts.RingSize+opts.mailbox(), ringAccess, "receive ring"); err != nil {
 		return nil, err
 	}
-	if ep.sendBuf, err = ep.registerMR(opts.SendBufferSize, verbs.AccessLocalWrite, "send buffer"); err != nil {
+	if ep.sendBuf, err = ep.registerMR(opts.firstSendBuffer(), verbs.AccessLocalWrite, "send buffer"); err != nil {
 		return nil, err
 	}
 	ep.inline = min(dev.attr.MaxInline, maxInline)
@@ -292,9 +305,11 @@ func (ep *Endpoint) release() error {
 		errs = append(errs, ep.qp.Close())
 		ep.qp = nil
 	}
-	if ep.sendBuf != nil {
-		errs = append(errs, ep.sendBuf.Close())
-		ep.sendBuf = nil
+	for _, mr := range []*verbs.MR{&ep.sendBuf, &ep.oldSend} {
+		if *mr != nil {
+			errs = append(errs, (*mr).Close())
+			*mr = nil
+		}
 	}
 	for _, mr := range []*verbs.MR{&ep.ring, &ep.oldRing, &ep.nextRing} {
 		if *mr != nil {
