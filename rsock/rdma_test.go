@@ -1,8 +1,10 @@
 package rsock
 
 import (
+	"bytes"
 	"errors"
 	"io"
+	"math/rand/v2"
 	"net"
 	"testing"
 
@@ -186,4 +188,39 @@ func requireEcho(t *testing.T, c, s *Conn) {
 		require.NoError(t, err)
 		require.Equal(t, "ping", string(b))
 	}
+}
+
+// TestRDMARingGrowth connects with rings that start at 8 KiB and may grow to 128 KiB, as
+// an application that wants small idle connections configures them: a large request and
+// response go through both ways, every byte checked.
+func TestRDMARingGrowth(t *testing.T) {
+	fab := soft.New(soft.Options{})
+	scfg, ccfg := rdmaConfigs(t, FallbackTCP, fab)
+	for _, cfg := range []*Config{scfg, ccfg} {
+		cfg.RingSize, cfg.GrowRingTo = 8<<10, 128<<10
+	}
+	ln := listen(t, scfg)
+	c, s := pipe(t, ln, ccfg)
+	require.Equal(t, TransportRDMA, c.Transport(), "%v", c.FallbackReason())
+	request, response := make([]byte, 3<<20), make([]byte, 2<<20)
+	rand.NewChaCha8([32]byte{'g'}).Read(request)
+	rand.NewChaCha8([32]byte{'r'}).Read(response)
+	go func() {
+		c.Write(request)
+	}()
+	got := make([]byte, len(request))
+	_, err := io.ReadFull(s, got)
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(request, got), "request differs")
+	go func() {
+		s.Write(response)
+	}()
+	got = make([]byte, len(response))
+	_, err = io.ReadFull(c, got)
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(response, got), "response differs")
+	c.Close()
+	s.Close()
+	ln.Close()
+	requireReleased(t, fab)
 }

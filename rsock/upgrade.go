@@ -225,6 +225,7 @@ func connectReason(err error) error {
 func (c *Config) rdmaOptions() rdma.Options {
 	return rdma.Options{
 		RingSize:       c.RingSize,
+		GrowRingTo:     c.GrowRingTo,
 		SendBufferSize: c.SendBufferSize,
 		RecvWQEs:       c.RecvWQEs,
 		PollSpin:       c.PollSpin,
