@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/auto"
 	"github.com/rsockio/rsock/verbs/soft"
 )
 
@@ -73,39 +75,68 @@ func pingPong(t *testing.T, a, b *Conn) {
 // way and both ways at once: the receiving rings grow (4 to 16 to 64 KiB) and the
 // writers' staging buffers (2 to 8 to 16 KiB), every byte arrives in order, the replaced
 // rings and buffers are freed, and what the device holds is what the grown ones need.
+// It runs on soft and, where this build has one and the machine a device (built with
+// -tags rdma, in the Soft-RoCE VM), on the default provider.
 func TestRingGrows(t *testing.T) {
 	const size = 4 << 20
 	opts := Options{RingSize: 4 << 10, GrowRingTo: 64 << 10, SendBufferSize: 16 << 10}
 	perEnd := func(ring, stage int) int64 { return int64(ring + mailboxSize + stage) }
-	t.Run("one way", func(t *testing.T) {
-		f := soft.New(soft.Options{})
-		a, b := connPair(t, f, opts)
-		require.Equal(t, ringState{size: 4 << 10}, ringOf(b))
-		sendAll(t, a, b, payload(size, 1), 32<<10, 1)
-		require.Equal(t, ringState{size: 64 << 10, switches: 2}, ringOf(b))
-		require.Equal(t, ringState{size: 4 << 10}, ringOf(a), "a received nothing but credit")
-		// The writer's staging grew (2 KiB, 8, 16), the reader's did not.
-		require.Equal(t, perEnd(4<<10, 16<<10)+perEnd(64<<10, 2<<10), registeredOn(a.ep), "the device holds both ends' memory")
-		require.NoError(t, a.Close())
-		require.NoError(t, b.Close())
-		requireReleased(t, f)
-	})
-	t.Run("both ways", func(t *testing.T) {
-		f := soft.New(soft.Options{})
-		a, b := connPair(t, f, opts)
-		var wg sync.WaitGroup
-		wg.Go(func() { sendAll(t, a, b, payload(size, 2), 20<<10, 2) })
-		sendAll(t, b, a, payload(size, 3), 20<<10, 3)
-		wg.Wait()
-		for _, c := range []*Conn{a, b} {
-			r := ringOf(c)
-			require.Equal(t, 64<<10, r.size)
-			require.False(t, r.old, "old ring freed")
+	type prov struct {
+		name string
+		p    verbs.Provider
+		f    *soft.Fabric // for the release check, or nil
+	}
+	provs := []prov{{"soft", nil, nil}}
+	if p, err := auto.Default(); err == nil {
+		provs = append(provs, prov{"default-" + p.Name(), p, nil})
+	} else {
+		t.Logf("no default provider here, soft only: %v", err)
+	}
+	for _, pv := range provs {
+		fresh := func() prov {
+			if pv.p != nil {
+				return pv
+			}
+			f := soft.New(soft.Options{})
+			return prov{pv.name, f, f}
 		}
-		require.NoError(t, a.Close())
-		require.NoError(t, b.Close())
-		requireReleased(t, f)
-	})
+		released := func(t *testing.T, pv prov) {
+			if pv.f != nil {
+				requireReleased(t, pv.f)
+			}
+		}
+		t.Run(pv.name+"/one way", func(t *testing.T) {
+			pv := fresh()
+			before, _ := RegisteredMemory() // the process's, over every device
+			a, b := connPair(t, pv.p, opts)
+			require.Equal(t, ringState{size: 4 << 10}, ringOf(b))
+			sendAll(t, a, b, payload(size, 1), 32<<10, 1)
+			require.Equal(t, ringState{size: 64 << 10, switches: 2}, ringOf(b))
+			require.Equal(t, ringState{size: 4 << 10}, ringOf(a), "a received nothing but credit")
+			// The writer's staging grew (2 KiB, 8, 16), the reader's did not.
+			after, _ := RegisteredMemory()
+			require.Equal(t, perEnd(4<<10, 16<<10)+perEnd(64<<10, 2<<10), after-before, "registered: both ends' grown memory, nothing replaced")
+			require.NoError(t, a.Close())
+			require.NoError(t, b.Close())
+			released(t, pv)
+		})
+		t.Run(pv.name+"/both ways", func(t *testing.T) {
+			pv := fresh()
+			a, b := connPair(t, pv.p, opts)
+			var wg sync.WaitGroup
+			wg.Go(func() { sendAll(t, a, b, payload(size, 2), 20<<10, 2) })
+			sendAll(t, b, a, payload(size, 3), 20<<10, 3)
+			wg.Wait()
+			for _, c := range []*Conn{a, b} {
+				r := ringOf(c)
+				require.Equal(t, 64<<10, r.size)
+				require.False(t, r.old, "old ring freed")
+			}
+			require.NoError(t, a.Close())
+			require.NoError(t, b.Close())
+			released(t, pv)
+		})
+	}
 }
 
 // TestRingShrinksWhenIdle: a grown ring goes back to its first size at the second
