@@ -113,13 +113,65 @@
 // read and receivers that read a little and stop: the writer gets as far as the rule
 // says, and spilled bytes reach the application exactly once and in order.
 //
+// # Resizing the ring
+//
+// A ring is pinned memory, and most connections are idle most of the time: a ring sized
+// for a busy stream wastes its memory on an idle one, and one sized for an idle one
+// throttles a busy stream. So a receiver may replace its ring, by one twice or half the
+// size or any other power of two of the same credit unit (up to 512 KiB, when rings
+// start below it), while the stream runs. Two messages do it:
+//
+//   - The receiver registers the new ring, calls [Endpoint.Resize], and sends a resize
+//     (kind 5): its immediate names the new size (log2, in the ring-credit field), and
+//     its [ResizeLen]-byte payload, which the engine defines (the new ring's address and
+//     key), goes to the peer's mailbox, a small region the engine keeps beside its
+//     ring. Only one resize is under way at a time, so the mailbox never holds two.
+//   - The sender answers with a switch (kind 6), zero bytes: every data byte it wrote
+//     before the switch went to the old ring, every byte after goes to the new one,
+//     from its start. It writes nothing between the resize's arrival and its switch.
+//
+// Because a connection delivers in order, the switch splits the stream at one cursor
+// both sides agree on: the receiver places data that arrives after it in the new ring,
+// and reads the bytes still in the old ring first, then frees it ([Endpoint.OldRing]).
+// No byte moves, so none is lost, duplicated or reordered.
+//
+// Nothing else changes. Cursors are byte counts of the stream, not ring positions, so
+// ring credit means what it meant: the sender writes only below the consumer cursor
+// plus the size of the ring it writes to. That rule alone keeps the new ring from being
+// overwritten: a byte at cursor c goes where the byte at c minus the ring size went,
+// which was consumed; bytes below the switch are in the old ring and never collide.
+// After a shrink the sender may have more outstanding than the new size; it then writes
+// nothing until credit brings it below. The receiver checks arrivals against the ring
+// the sender is writing to, and scales its update and spill thresholds to it, at the
+// switch, not before: until the switch arrives, the sender still writes the old one.
+//
+// The resize and the switch spend WQE credit as data does, never the reserve, so the
+// deadlock argument above covers them unchanged: a side that has one due and no data
+// credit is owed at least half the peer's WQEs, and the peer sends the update that lets
+// it go. The resize carries WQE credit back like any message (its ring credit waits for
+// the next one). A resize therefore always completes, whether or not anyone reads, and
+// a writer that wants to write never waits on one for longer than it would wait for
+// credit.
+//
+// The model tests resize rings, to half or twice their size, at every point of small
+// exchanges and at random in long ones, with the invariants above plus: data lands in
+// the ring the receiver places it in, the mailbox is never overwritten, and every
+// resize completes. Broken on purpose, the rules are caught: a sender that writes the
+// new ring from where its cursor points instead of its start, a receiver that takes the
+// new ring when it announces it instead of at the switch, and one that resizes again
+// while the old ring still holds bytes.
+//
+// When to resize is the engine's policy, not the protocol's: it can grow a ring a
+// stream keeps full and shrink it when the connection idles.
+//
 // # A misbehaving peer
 //
 // Nothing the peer sends is trusted. [Endpoint.OnArrival] rejects an immediate that does
 // not decode or does not match its byte length ([ErrMalformed]), data beyond the ring
 // space granted ([ErrRingOverrun]), more messages than WQEs granted ([ErrWQEOverrun]),
 // credit for bytes or messages never sent ([ErrCreditOverflow]) and data or a second FIN
-// after the FIN ([ErrAfterFIN]). The error is sticky; the engine closes the connection.
+// after the FIN ([ErrAfterFIN]), and a resize or switch out of turn or to a ring out of
+// range ([ErrBadResize]). The error is sticky; the engine closes the connection.
 //
 // # Usage
 //
@@ -151,6 +203,15 @@
 // hands out until it returns false. That sends the FIN once credit allows, and the
 // standalone credit updates exactly when due. Nothing else need be tracked: the
 // immediates are built by the Endpoint, with the credit owed in them.
+//
+// To resize (see "Resizing the ring"): register the new ring, call [Endpoint.Resize] and
+// then NextControl, which hands out a message of Kind KindResize: post it as a write of
+// the new ring's description to the peer's mailbox. On the arrival of a resize, read the
+// description from the mailbox before anything else, and keep it: when NextControl
+// hands out the switch (KindSwitch), post it, and write data to the new ring from then
+// on. On the arrival of a switch, data pieces name the new ring; Unread names the old
+// one while [Endpoint.OldRing] reports true, and the old ring may be freed once it
+// reports false.
 //
 // On a send completion: nothing here; it frees staging space and send-queue slots.
 //

@@ -28,8 +28,8 @@ const (
 const ringUnitsLog2 = 19
 
 // Errors. Every error [Endpoint.OnArrival] returns wraps one of ErrMalformed,
-// ErrRingOverrun, ErrWQEOverrun, ErrCreditOverflow or ErrAfterFIN: the peer broke the
-// protocol, and the connection should be closed with that error.
+// ErrRingOverrun, ErrWQEOverrun, ErrCreditOverflow, ErrAfterFIN or ErrBadResize: the peer
+// broke the protocol, and the connection should be closed with that error.
 var (
 	// ErrBadParams reports ring or WQE parameters out of range.
 	ErrBadParams = errors.New("flowctl: invalid parameters")
@@ -47,6 +47,12 @@ var (
 	ErrCreditOverflow = errors.New("flowctl: peer returned more credit than was used")
 	// ErrAfterFIN reports data or a second FIN after the peer's FIN.
 	ErrAfterFIN = errors.New("flowctl: peer sent after FIN")
+	// ErrBadResize reports a resize to a ring out of range or of another credit unit,
+	// a second resize before this side switched, or a switch nobody asked for.
+	ErrBadResize = errors.New("flowctl: invalid ring resize")
+	// ErrResizeBusy reports Resize while a resize is under way (announced and not
+	// switched, or the old ring still holding bytes) or after the peer's FIN.
+	ErrResizeBusy = errors.New("flowctl: ring resize under way")
 	// ErrWriteClosed reports ReserveData after CloseWrite.
 	ErrWriteClosed = errors.New("flowctl: write after CloseWrite")
 	// ErrBadLength reports a negative length, or Consume of more than is buffered.
@@ -96,11 +102,13 @@ type Piece struct {
 	Len int
 }
 
-// Msg is one RDMA_WRITE_WITH_IMM to post to the peer: Len bytes (zero for control
-// messages) written at Off in the peer's ring, with immediate Imm.
+// Msg is one RDMA_WRITE_WITH_IMM to post to the peer: Len bytes (zero for most control
+// messages) written at Off in the peer's ring, with immediate Imm. A resize (Kind
+// KindResize) is the exception: its ResizeLen bytes go to the peer's mailbox.
 type Msg struct {
 	Piece
-	Imm uint32
+	Imm  uint32
+	Kind Kind
 }
 
 // Stats counts the messages an Endpoint has handed out and accepted.
@@ -131,6 +139,9 @@ type Endpoint struct {
 	wqeLimit      uint64 // peerWQEs plus all WQE credit returned: sent never exceeds it
 	finRequested  bool   // CloseWrite was called
 	finSent       bool   // the FIN has been handed out
+	peerBase      uint64 // producer cursor at which the peer's current ring began
+	switchTo      uint64 // size of the ring the peer announced, until the switch is handed out
+	switchDue     bool   // a resize arrived and the switch answering it is not handed out
 
 	// Receive half: cursors into our ring and counts of our receive WQEs.
 	ring        uint64 // size of our ring, a power of two
@@ -142,6 +153,12 @@ type Endpoint struct {
 	reaped      uint64 // messages received (each re-posted a WQE)
 	wqeReturned uint64 // WQE credits told to the peer
 	peerFIN     bool   // the peer's FIN has arrived
+	ringBase    uint64 // stream cursor at which our current ring began
+	oldRing     uint64 // size of the ring the last switch replaced, while it holds bytes; else 0
+	oldBase     uint64 // stream cursor at which the old ring began
+	switchAt    uint64 // stream cursor of the last switch: bytes below it are in the old ring
+	resizeTo    uint64 // ring size Resize asked for, until the resize is handed out
+	resizing    uint64 // ring size announced to the peer, until its switch arrives
 
 	pol   policy
 	err   error // sticky protocol violation
@@ -158,6 +175,12 @@ type policy struct {
 	maxWQE     uint64 // WQE credits one immediate may carry
 	maxRing    uint64 // ring units one immediate may carry
 	spillAt    uint64 // buffered bytes from which Spillable hands them out
+	minRing    uint64 // smallest ring a resize may name
+
+	// Rules of resizing the model tests break on purpose.
+	keepBase            bool // the sender writes the new ring at its cursor modulo the size, not from its start
+	resizeEarly         bool // the receiver takes the new ring when it hands out the resize
+	resizeWhileDraining bool // the receiver asks for a new ring while the old one holds bytes
 }
 
 // NewEndpoint returns the flow-control state of a connection whose own receive side is
@@ -193,6 +216,7 @@ func newEndpoint(local, peer Params) Endpoint {
 			maxWQE:     MaxImmWQECredits,
 			maxRing:    MaxImmRingCredits,
 			spillAt:    ring / 2,
+			minRing:    MinRingSize,
 		},
 	}
 }

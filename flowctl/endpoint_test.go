@@ -252,10 +252,11 @@ func FuzzPeer(f *testing.F) {
 		const ring, wqes = 64, 4
 		p := Params{RingSize: ring, RecvWQEs: wqes}
 		e := newEndpoint(p, p)
+		peerRing, ownRing := uint64(ring), uint64(ring) // the largest each ring has been
 		for len(ops) >= 9 {
 			op, a, b := ops[0], binary.LittleEndian.Uint32(ops[1:]), binary.LittleEndian.Uint32(ops[5:])
 			ops = ops[9:]
-			switch op % 7 {
+			switch op % 8 {
 			case 0: // raw completion
 				fuzzArrival(t, &e, a, b)
 			case 1: // well-formed completion with fuzzed fields
@@ -282,9 +283,14 @@ func FuzzPeer(f *testing.F) {
 				e.CloseWrite()
 			case 6:
 				e.Keepalive()
+			case 7: // this side resizes its ring
+				if err := e.Resize(int(a % (8 * ring))); err != nil && !errors.Is(err, ErrBadParams) && !errors.Is(err, ErrResizeBusy) && err != e.err {
+					t.Fatalf("Resize: %v", err)
+				}
 			}
-			if e.sent > e.wqeLimit || e.granted > e.prod || e.prod-e.granted > ring ||
-				e.returned > e.consumed || e.consumed > e.arrived || e.arrived-e.returned > ring ||
+			peerRing, ownRing = max(peerRing, e.peerRing, e.switchTo), max(ownRing, e.ring, e.resizing)
+			if e.sent > e.wqeLimit || e.granted > e.prod || e.prod-e.granted > peerRing ||
+				e.returned > e.consumed || e.consumed > e.arrived || e.arrived-e.returned > ownRing ||
 				e.reaped-e.wqeReturned > wqes || e.wqeLimit-e.peerWQEs > e.sent {
 				t.Fatalf("invariant broken: %+v", e)
 			}
@@ -302,7 +308,7 @@ func fuzzArrival(t *testing.T, e *Endpoint, byteLen, im uint32) {
 			t.Fatalf("OnArrival after a violation = %v, want the first error %v", err, before)
 		}
 	case !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrRingOverrun) && !errors.Is(err, ErrWQEOverrun) &&
-		!errors.Is(err, ErrCreditOverflow) && !errors.Is(err, ErrAfterFIN):
+		!errors.Is(err, ErrCreditOverflow) && !errors.Is(err, ErrAfterFIN) && !errors.Is(err, ErrBadResize):
 		t.Fatalf("OnArrival(%d, %#08x) = %v, not a protocol violation", byteLen, im, err)
 	}
 }

@@ -11,7 +11,8 @@ import "fmt"
 //	| 3 bits |     9 bits     |                 20 bits                 |
 //	+--------+----------------+-----------------------------------------+
 //
-//	kind          1 data, 2 credit update, 3 FIN, 4 keepalive; 0 and 5 to 7 are malformed.
+//	kind          1 data, 2 credit update, 3 FIN, 4 keepalive, 5 resize, 6 switch; 0 and 7
+//	              are malformed.
 //	WQE credits   receive WQEs the sender of this message has re-posted since it last
 //	              said so: the reader may send that many more messages.
 //	ring credits  bytes of the sender's receive ring its application has consumed since it
@@ -19,9 +20,11 @@ import "fmt"
 //	              much further into the ring.
 //
 // The payload length is not in the immediate: it is the completion's byte length, which
-// the hardware reports exactly. A data message has a length of at least one byte; the
+// the hardware reports exactly. A data message has a length of at least one byte, a
+// resize exactly [ResizeLen] bytes (written to the receiver's mailbox, not its ring); the
 // other kinds have none. Every kind carries credits, so credit piggybacks on whatever
-// traffic flows the other way.
+// traffic flows the other way, with one exception: in a resize, the ring-credit field
+// holds log2 of the new ring's size instead (owed ring credit waits for the next message).
 
 // Kind says what a message is. It occupies the top three bits of the immediate.
 type Kind uint8
@@ -39,7 +42,21 @@ const (
 	// KindKeepalive proves the connection is alive when nothing else has been sent. It
 	// carries credits like any other message.
 	KindKeepalive Kind = 4
+	// KindResize announces that the sender's receive ring is being replaced by one of
+	// 2^RingLog2 bytes. Its payload, [ResizeLen] bytes that the engine defines (where
+	// the new ring is and its key), is written to the receiver's mailbox. See the
+	// package docs, "Resizing the ring".
+	KindResize Kind = 5
+	// KindSwitch answers a resize: every data byte its sender wrote before it went to
+	// the old ring, every byte after it goes to the new one.
+	KindSwitch Kind = 6
 )
+
+// ResizeLen is the payload length of a resize message.
+const ResizeLen = 16
+
+// maxRingLog2 is log2 of MaxRingSize: the largest RingLog2 a resize may carry.
+const maxRingLog2 = 30
 
 func (k Kind) String() string {
 	switch k {
@@ -51,6 +68,10 @@ func (k Kind) String() string {
 		return "fin"
 	case KindKeepalive:
 		return "keepalive"
+	case KindResize:
+		return "resize"
+	case KindSwitch:
+		return "switch"
 	}
 	return fmt.Sprintf("Kind(%d)", uint8(k))
 }
@@ -77,14 +98,22 @@ const (
 type Imm struct {
 	Kind        Kind
 	WQECredits  uint32 // at most MaxImmWQECredits
-	RingCredits uint32 // in ring units of the message sender's ring; at most MaxImmRingCredits
+	RingCredits uint32 // in ring units of the message sender's ring; at most MaxImmRingCredits; zero in a resize
+	RingLog2    uint8  // KindResize only: log2 of the new ring's size, at most 30
 }
 
 // Encode packs m into an immediate. It fails with [ErrMalformed] when the kind is not
-// one of the four kinds or a credit field is larger than its width.
+// one of the six kinds, a credit field is larger than its width, or a resize carries ring
+// credits or a RingLog2 above 30 (or another kind a RingLog2).
 func (m Imm) Encode() (uint32, error) {
-	if m.Kind < KindData || m.Kind > KindKeepalive {
+	if m.Kind < KindData || m.Kind > KindSwitch {
 		return 0, fmt.Errorf("%w: kind %d", ErrMalformed, m.Kind)
+	}
+	if m.Kind == KindResize && (m.RingCredits != 0 || m.RingLog2 > maxRingLog2) {
+		return 0, fmt.Errorf("%w: resize with %d ring credits to 2^%d bytes", ErrMalformed, m.RingCredits, m.RingLog2)
+	}
+	if m.Kind != KindResize && m.RingLog2 != 0 {
+		return 0, fmt.Errorf("%w: %v message with a ring size", ErrMalformed, m.Kind)
 	}
 	if m.WQECredits > MaxImmWQECredits {
 		return 0, fmt.Errorf("%w: %d WQE credits, at most %d fit", ErrMalformed, m.WQECredits, MaxImmWQECredits)
@@ -97,12 +126,13 @@ func (m Imm) Encode() (uint32, error) {
 
 // pack is Encode for values already known to be in range.
 func (m Imm) pack() uint32 {
-	return uint32(m.Kind)<<kindShift | m.WQECredits<<wqeShift | m.RingCredits
+	return uint32(m.Kind)<<kindShift | m.WQECredits<<wqeShift | m.RingCredits | uint32(m.RingLog2)
 }
 
 // DecodeImm unpacks the immediate of a receive completion whose byte length was byteLen.
-// It fails with [ErrMalformed] for an unknown kind, a data message of zero bytes, or a
-// control message (credit, FIN, keepalive) that carries bytes.
+// It fails with [ErrMalformed] for an unknown kind, a data message of zero bytes, a
+// resize that is not ResizeLen bytes or names a ring above 2^30 bytes, or another control
+// message (credit, FIN, keepalive, switch) that carries bytes.
 func DecodeImm(imm, byteLen uint32) (Imm, error) {
 	m := Imm{
 		Kind:        Kind(imm >> kindShift),
@@ -114,7 +144,12 @@ func DecodeImm(imm, byteLen uint32) (Imm, error) {
 		if byteLen == 0 {
 			return Imm{}, fmt.Errorf("%w: data message of zero bytes (imm %#08x)", ErrMalformed, imm)
 		}
-	case KindCredit, KindFIN, KindKeepalive:
+	case KindResize:
+		if byteLen != ResizeLen || m.RingCredits > maxRingLog2 {
+			return Imm{}, fmt.Errorf("%w: resize of %d bytes to 2^%d bytes (imm %#08x)", ErrMalformed, byteLen, m.RingCredits, imm)
+		}
+		m.RingLog2, m.RingCredits = uint8(m.RingCredits), 0
+	case KindCredit, KindFIN, KindKeepalive, KindSwitch:
 		if byteLen != 0 {
 			return Imm{}, fmt.Errorf("%w: %v message carries %d bytes (imm %#08x)", ErrMalformed, m.Kind, byteLen, imm)
 		}

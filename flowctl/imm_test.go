@@ -17,6 +17,8 @@ func TestImmLayout(t *testing.T) {
 		{Imm{Kind: KindFIN, RingCredits: 1}, 0x6000_0001},
 		{Imm{Kind: KindKeepalive, WQECredits: MaxImmWQECredits, RingCredits: MaxImmRingCredits}, 0x9fff_ffff},
 		{Imm{Kind: KindData, WQECredits: 0x155, RingCredits: 0xaaaaa}, 0x355a_aaaa},
+		{Imm{Kind: KindResize, WQECredits: 3, RingLog2: 17}, 0xa030_0011},
+		{Imm{Kind: KindSwitch, WQECredits: 1, RingCredits: 2}, 0xc010_0002},
 	}
 	for _, tt := range tests {
 		got, err := tt.m.Encode()
@@ -27,7 +29,15 @@ func TestImmLayout(t *testing.T) {
 }
 
 func TestImmRoundTrip(t *testing.T) {
-	for _, kind := range []Kind{KindData, KindCredit, KindFIN, KindKeepalive} {
+	for _, log2 := range []uint8{0, 12, 17, 30} {
+		m := Imm{Kind: KindResize, WQECredits: 5, RingLog2: log2}
+		imm, err := m.Encode()
+		require.NoError(t, err, "%+v.Encode()", m)
+		got, err := DecodeImm(imm, ResizeLen)
+		require.NoError(t, err)
+		require.Equal(t, m, got)
+	}
+	for _, kind := range []Kind{KindData, KindCredit, KindFIN, KindKeepalive, KindSwitch} {
 		for _, wqe := range []uint32{0, 1, 2, 255, MaxImmWQECredits} {
 			for _, ring := range []uint32{0, 1, 1 << 18, MaxImmRingCredits} {
 				m := Imm{Kind: kind, WQECredits: wqe, RingCredits: ring}
@@ -49,8 +59,12 @@ func TestImmRoundTrip(t *testing.T) {
 func TestImmEncodeRejects(t *testing.T) {
 	tests := []Imm{
 		{},
-		{Kind: 5},
+		{Kind: 7},
 		{Kind: 255},
+		{Kind: KindResize, RingCredits: 1},
+		{Kind: KindResize, RingLog2: 31},
+		{Kind: KindSwitch, RingLog2: 1},
+		{Kind: KindData, RingLog2: 12},
 		{Kind: KindData, WQECredits: MaxImmWQECredits + 1},
 		{Kind: KindCredit, RingCredits: MaxImmRingCredits + 1},
 		{Kind: KindFIN, WQECredits: 1 << 31},
@@ -69,8 +83,11 @@ func TestDecodeImmRejects(t *testing.T) {
 		{0, 0},                     // kind 0: memory never written
 		{0, 10},                    //
 		{0x0000_0001, 0},           // kind 0 with credit
-		{0xa000_0000, 0},           // kind 5
-		{0xc000_0000, 0},           // kind 6
+		{0xa000_0000, 0},           // resize without its payload
+		{0xa000_000c, 8},           // resize with a short payload
+		{0xa000_001f, ResizeLen},   // resize to 2^31 bytes
+		{0xa000_0100, ResizeLen},   // resize to 2^256 bytes
+		{0xc000_0000, 1},           // switch with bytes
 		{0xe000_0000, 1},           // kind 7
 		{0xffff_ffff, 0},           // all ones
 		{0x2000_0000, 0},           // data without bytes
@@ -91,7 +108,8 @@ func TestKindString(t *testing.T) {
 		k    Kind
 		want string
 	}{
-		{KindData, "data"}, {KindCredit, "credit"}, {KindFIN, "fin"}, {KindKeepalive, "keepalive"}, {0, "Kind(0)"}, {9, "Kind(9)"},
+		{KindData, "data"}, {KindCredit, "credit"}, {KindFIN, "fin"}, {KindKeepalive, "keepalive"},
+		{KindResize, "resize"}, {KindSwitch, "switch"}, {0, "Kind(0)"}, {9, "Kind(9)"},
 	}
 	for _, tt := range tests {
 		if got := tt.k.String(); got != tt.want {
@@ -114,7 +132,8 @@ func FuzzDecodeImm(f *testing.F) {
 		m, err := DecodeImm(imm, byteLen)
 		kind := Kind(imm >> 29)
 		valid := (kind == KindData && byteLen > 0) ||
-			((kind == KindCredit || kind == KindFIN || kind == KindKeepalive) && byteLen == 0)
+			(kind == KindResize && byteLen == ResizeLen && imm&MaxImmRingCredits <= 30) ||
+			((kind == KindCredit || kind == KindFIN || kind == KindKeepalive || kind == KindSwitch) && byteLen == 0)
 		if !valid {
 			if !errors.Is(err, ErrMalformed) {
 				t.Fatalf("DecodeImm(%#08x, %d) = %+v, %v, want ErrMalformed", imm, byteLen, m, err)
@@ -124,7 +143,7 @@ func FuzzDecodeImm(f *testing.F) {
 		if err != nil {
 			t.Fatalf("DecodeImm(%#08x, %d) = %v, want success", imm, byteLen, err)
 		}
-		if m.Kind != kind || m.WQECredits > MaxImmWQECredits || m.RingCredits > MaxImmRingCredits {
+		if m.Kind != kind || m.WQECredits > MaxImmWQECredits || m.RingCredits > MaxImmRingCredits || m.RingLog2 > 30 {
 			t.Fatalf("DecodeImm(%#08x, %d) = %+v, out of range", imm, byteLen, m)
 		}
 		back, err := m.Encode()

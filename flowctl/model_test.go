@@ -34,29 +34,42 @@ var deep = flag.Bool("flowctl.deep", false, "run longer model explorations")
 
 // mMsg is a message on the simulated wire.
 type mMsg struct {
-	off, n int
-	imm    uint32
-	start  uint64 // stream cursor of the first payload byte
+	off, n  int
+	imm     uint32
+	start   uint64 // stream cursor of the first payload byte
+	gen     int    // data: which of the receiver's rings it landed in
+	mailbox bool   // a resize: its payload went to the receiver's mailbox
+}
+
+// mRing is one receive ring's memory: bytes written by the peer, and which of them hold
+// data not yet consumed.
+type mRing struct {
+	buf []byte
+	occ []bool
 }
 
 // mSide is one end of the simulated connection: an Endpoint, the ring memory the peer
 // writes into, the engine's queues and the application's progress.
 type mSide struct {
 	ep         Endpoint
-	ring       []byte // own receive ring, written by the peer
-	occ        []bool // ring byte written by the peer and not yet consumed
-	cq         []mMsg // landed in our ring, completion not reaped (RC keeps them in order)
-	toWrite    uint64 // bytes the application has still to write
-	written    uint64 // bytes written: the stream cursor
-	read       uint64 // bytes the application has read
-	close      bool   // the application calls CloseWrite after writing everything
-	closed     bool   // CloseWrite was called
-	finIn      bool   // the peer's FIN was reaped
-	keepalives int    // keepalives the idle timer may still send
-	paused     bool   // the application is not reading for now (random runs only)
-	spill      []byte // bytes the engine moved out of the ring, unread, oldest first
-	spillLimit int    // most bytes spill may hold; zero: the engine never spills
-	stopRead   bool   // the application stops reading after readFirst bytes
+	rings      []mRing // own receive rings, written by the peer: the first, then one per resize
+	cur        int     // the ring data lands in as this side's Endpoint sees it
+	writeGen   int     // the peer's ring this side's engine writes data into
+	peerBase   uint64  // stream cursor at which that ring began
+	mailbox    uint64  // ring size a resize left in our mailbox, not yet reaped; 0: empty
+	resizes    int     // resizes this side's engine may still ask for
+	cq         []mMsg  // landed in our ring, completion not reaped (RC keeps them in order)
+	toWrite    uint64  // bytes the application has still to write
+	written    uint64  // bytes written: the stream cursor
+	read       uint64  // bytes the application has read
+	close      bool    // the application calls CloseWrite after writing everything
+	closed     bool    // CloseWrite was called
+	finIn      bool    // the peer's FIN was reaped
+	keepalives int     // keepalives the idle timer may still send
+	paused     bool    // the application is not reading for now (random runs only)
+	spill      []byte  // bytes the engine moved out of the ring, unread, oldest first
+	spillLimit int     // most bytes spill may hold; zero: the engine never spills
+	stopRead   bool    // the application stops reading after readFirst bytes
 	readFirst  uint64
 }
 
@@ -79,6 +92,8 @@ type modelConfig struct {
 	spill      [2]int    // each side's spill limit (see mSide)
 	stopRead   [2]bool   // each side's application stops reading after readFirst bytes
 	readFirst  [2]int
+	resizes    [2]int // resizes each side's engine may ask for: to half or double its ring
+	ringRange  [2]int // smallest and largest ring a resize may name
 	tweak      func(p *policy)
 }
 
@@ -93,11 +108,12 @@ func newModel(cfg *modelConfig) *model {
 		s.ep = newEndpoint(Params{RingSize: cfg.ring[i], RecvWQEs: cfg.wqes[i]}, Params{RingSize: cfg.ring[1-i], RecvWQEs: cfg.wqes[1-i]})
 		s.ep.unitShift = cfg.unitShift[i]
 		s.ep.peerUnitShift = cfg.unitShift[1-i]
+		s.ep.pol.minRing = 1
 		if cfg.tweak != nil {
 			cfg.tweak(&s.ep.pol)
 		}
-		s.ring = make([]byte, cfg.ring[i])
-		s.occ = make([]bool, cfg.ring[i])
+		s.rings = []mRing{newRing(cfg.ring[i])}
+		s.resizes = cfg.resizes[i]
 		s.toWrite = cfg.total[i]
 		s.close = cfg.close[i]
 		s.keepalives = cfg.keepalives
@@ -107,12 +123,16 @@ func newModel(cfg *modelConfig) *model {
 	return m
 }
 
+func newRing(size int) mRing { return mRing{buf: make([]byte, size), occ: make([]bool, size)} }
+
 func (m *model) clone() *model {
 	c := *m
 	for i := range 2 {
 		s := &c.side[i]
-		s.ring = append([]byte(nil), s.ring...)
-		s.occ = append([]bool(nil), s.occ...)
+		s.rings = append([]mRing(nil), s.rings...)
+		for k, r := range s.rings {
+			s.rings[k] = mRing{buf: append([]byte(nil), r.buf...), occ: append([]bool(nil), r.occ...)}
+		}
 		s.cq = append([]mMsg(nil), s.cq...)
 		s.spill = append([]byte(nil), s.spill...)
 	}
@@ -128,6 +148,7 @@ const (
 	actClose                    // side's application calls CloseWrite
 	actKeepalive                // side's idle timer sends a keepalive
 	actSpill                    // side's engine moves what Spillable says out of the ring
+	actResize                   // side's engine registers a ring of n bytes and calls Resize
 )
 
 type action struct {
@@ -137,8 +158,8 @@ type action struct {
 }
 
 func (a action) String() string {
-	name := [...]string{"reap", "write", "read", "close", "keepalive", "spill"}[a.kind]
-	if a.kind == actWrite || a.kind == actRead {
+	name := [...]string{"reap", "write", "read", "close", "keepalive", "spill", "resize"}[a.kind]
+	if a.kind == actWrite || a.kind == actRead || a.kind == actResize {
 		return fmt.Sprintf("%d:%s(%d)", a.side, name, a.n)
 	}
 	return fmt.Sprintf("%d:%s", a.side, name)
@@ -176,6 +197,15 @@ func (m *model) actions(acts []action) []action {
 		if len(s.cq) > 0 {
 			acts = append(acts, action{actReap, i, 0})
 		}
+		if s.resizes > 0 && s.ep.resizeBusy() == nil {
+			r := s.ep.RingSize()
+			if r/2 >= m.cfg.ringRange[0] {
+				acts = append(acts, action{actResize, i, r / 2})
+			}
+			if r*2 <= m.cfg.ringRange[1] {
+				acts = append(acts, action{actResize, i, r * 2})
+			}
+		}
 	}
 	return acts
 }
@@ -199,6 +229,20 @@ func (m *model) step(a action) error {
 				return fmt.Errorf("side %d: stream bytes [%d, +%d) landed at %d, OnArrival says %d+%d, arrived %d",
 					i, msg.start, msg.n, msg.off, arr.Off, arr.Len, s.ep.arrived)
 			}
+			if msg.gen != s.cur {
+				return fmt.Errorf("side %d: stream bytes [%d, +%d) landed in ring %d, OnArrival places them in ring %d", i, msg.start, msg.n, msg.gen, s.cur)
+			}
+		case KindResize:
+			imm, _ := DecodeImm(msg.imm, uint32(msg.n))
+			if s.mailbox != 1<<imm.RingLog2 {
+				return fmt.Errorf("side %d: mailbox holds %d at a resize to %d", i, s.mailbox, 1<<imm.RingLog2)
+			}
+			s.mailbox = 0 // the engine reads the new ring's description at the reap
+		case KindSwitch:
+			s.cur++
+			if s.cur != len(s.rings)-1 || s.ep.RingSize() != len(s.rings[s.cur].buf) {
+				return fmt.Errorf("side %d: switch to ring %d of %d bytes, it asked for ring %d", i, s.cur, s.ep.RingSize(), len(s.rings)-1)
+			}
 		case KindFIN:
 			if peer.toWrite != 0 || s.ep.arrived != peer.written {
 				return fmt.Errorf("side %d: FIN arrived after %d bytes, peer wrote %d and has %d to go", i, s.ep.arrived, peer.written, peer.toWrite)
@@ -214,22 +258,23 @@ func (m *model) step(a action) error {
 		if r.Bytes != want || r.Count == 0 {
 			return fmt.Errorf("side %d: ReserveData(%d) = %d bytes in %d messages, Writable said %d", i, a.n, r.Bytes, r.Count, want)
 		}
+		pr := peer.rings[s.writeGen]
 		for _, msg := range r.Msgs[:r.Count] {
-			if want := int(s.written % uint64(len(peer.ring))); msg.Off != want {
+			if want := int((s.written - s.peerBase) % uint64(len(pr.buf))); msg.Off != want {
 				return fmt.Errorf("side %d: data message at ring offset %d, producer cursor is at %d", i, msg.Off, want)
 			}
 			for k := range msg.Len {
 				pos := msg.Off + k
-				if pos >= len(peer.ring) {
+				if pos >= len(pr.buf) {
 					return fmt.Errorf("side %d: data message %+v runs past the ring's end", i, msg)
 				}
-				if peer.occ[pos] {
+				if pr.occ[pos] {
 					return fmt.Errorf("side %d: overwrites unread byte at ring offset %d", i, pos)
 				}
-				peer.occ[pos] = true
-				peer.ring[pos] = pattern(i, s.written+uint64(k))
+				pr.occ[pos] = true
+				pr.buf[pos] = pattern(i, s.written+uint64(k))
 			}
-			if err := m.post(i, mMsg{off: msg.Off, n: msg.Len, imm: msg.Imm, start: s.written}); err != nil {
+			if err := m.post(i, mMsg{off: msg.Off, n: msg.Len, imm: msg.Imm, start: s.written, gen: s.writeGen}); err != nil {
 				return err
 			}
 			s.written += uint64(msg.Len)
@@ -277,6 +322,12 @@ func (m *model) step(a action) error {
 	case actClose:
 		s.ep.CloseWrite()
 		s.closed = true
+	case actResize:
+		if err := s.ep.Resize(a.n); err != nil {
+			return fmt.Errorf("side %d: Resize(%d): %w", i, a.n, err)
+		}
+		s.rings = append(s.rings, newRing(a.n))
+		s.resizes--
 	case actKeepalive:
 		msg, ok := s.ep.Keepalive()
 		if !ok {
@@ -292,36 +343,63 @@ func (m *model) step(a action) error {
 		if !ok {
 			return nil
 		}
-		if msg.Len != 0 {
+		mm := mMsg{imm: msg.Imm}
+		switch {
+		case msg.Kind == KindResize && msg.Len == ResizeLen:
+			// The engine writes the new ring's description to the peer's mailbox.
+			if peer.mailbox != 0 {
+				return fmt.Errorf("side %d: resize overwrites the peer's mailbox", i)
+			}
+			peer.mailbox = uint64(len(s.rings[len(s.rings)-1].buf))
+			mm.n, mm.mailbox = ResizeLen, true
+		case msg.Len != 0:
 			return fmt.Errorf("side %d: control message %+v has a payload", i, msg)
+		case msg.Kind == KindSwitch:
+			// Data from here on goes to the ring the peer announced, from its start.
+			s.writeGen++
+			s.peerBase = s.written
+			if s.writeGen >= len(peer.rings) {
+				return fmt.Errorf("side %d: switch to ring %d, the peer has %d", i, s.writeGen, len(peer.rings))
+			}
 		}
-		if err := m.post(i, mMsg{imm: msg.Imm}); err != nil {
+		if err := m.post(i, mm); err != nil {
 			return err
 		}
 	}
 	return fmt.Errorf("side %d: NextControl never stops", i)
 }
 
-// takeRing copies the first n buffered bytes out of side i's ring, where Unread says
-// they are, and consumes them, as the engine's Read and spill do.
+// takeRing copies the first n buffered bytes out of side i's rings, where Unread says
+// they are, and consumes them, as the engine's Read and spill do: from the old ring
+// while OldRing says it holds bytes, then from the current one.
 func (s *mSide) takeRing(i, n int) ([]byte, error) {
-	first, second := s.ep.Unread()
-	if first.Len+second.Len != s.ep.Buffered() {
-		return nil, fmt.Errorf("side %d: Unread() = %v, %v for %d bytes buffered", i, first, second, s.ep.Buffered())
-	}
 	var got []byte
-	for _, p := range [2]Piece{first, second} {
-		for k := 0; k < p.Len && len(got) < n; k++ {
-			pos := p.Off + k
-			if !s.occ[pos] {
-				return nil, fmt.Errorf("side %d: reads ring offset %d, which holds no data", i, pos)
+	for len(got) < n {
+		r := s.rings[s.cur]
+		if s.ep.OldRing() {
+			if s.cur == 0 {
+				return nil, fmt.Errorf("side %d: Unread names an old ring before any switch arrived", i)
 			}
-			got = append(got, s.ring[pos])
-			s.occ[pos] = false
+			r = s.rings[s.cur-1]
 		}
-	}
-	if err := s.ep.Consume(n); err != nil {
-		return nil, fmt.Errorf("side %d: Consume(%d): %w", i, n, err)
+		first, second := s.ep.Unread()
+		if first.Len+second.Len == 0 || (!s.ep.OldRing() && first.Len+second.Len != s.ep.Buffered()) {
+			return nil, fmt.Errorf("side %d: Unread() = %v, %v for %d bytes buffered", i, first, second, s.ep.Buffered())
+		}
+		k0 := len(got)
+		for _, p := range [2]Piece{first, second} {
+			for k := 0; k < p.Len && len(got) < n; k++ {
+				pos := p.Off + k
+				if !r.occ[pos] {
+					return nil, fmt.Errorf("side %d: reads ring offset %d, which holds no data", i, pos)
+				}
+				got = append(got, r.buf[pos])
+				r.occ[pos] = false
+			}
+		}
+		if err := s.ep.Consume(len(got) - k0); err != nil {
+			return nil, fmt.Errorf("side %d: Consume(%d): %w", i, len(got)-k0, err)
+		}
 	}
 	return got, nil
 }
@@ -357,7 +435,9 @@ func (m *model) check() error {
 		inflight := uint64(len(rcvr.cq))
 		var data uint64
 		for _, msg := range rcvr.cq {
-			data += uint64(msg.n)
+			if !msg.mailbox {
+				data += uint64(msg.n)
+			}
 		}
 		if s.sent != x.reaped+inflight {
 			return fmt.Errorf("%s: %d messages sent, %d reaped, %d in flight", dir, s.sent, x.reaped, inflight)
@@ -387,8 +467,12 @@ func (m *model) check() error {
 		if !(x.returned <= x.consumed && x.consumed <= x.arrived && x.returned%(1<<x.unitShift) == 0) {
 			return fmt.Errorf("%s: cursors out of order: returned %d, consumed %d, arrived %d", dir, x.returned, x.consumed, x.arrived)
 		}
-		if s.prod-s.granted > x.ring {
-			return fmt.Errorf("%s: %d bytes outstanding in a ring of %d", dir, s.prod-s.granted, x.ring)
+		largest := 0
+		for _, r := range rcvr.rings {
+			largest = max(largest, len(r.buf))
+		}
+		if s.prod-s.granted > uint64(largest) {
+			return fmt.Errorf("%s: %d bytes outstanding in rings of at most %d", dir, s.prod-s.granted, largest)
 		}
 		// Spilling is receiver-local: the consumer cursor counts the bytes the
 		// application read and the bytes waiting for it in spill, nothing else.
@@ -399,9 +483,11 @@ func (m *model) check() error {
 			return fmt.Errorf("%s: %d bytes spilled, limit %d", dir, len(rcvr.spill), rcvr.spillLimit)
 		}
 		occ := 0
-		for _, o := range rcvr.occ {
-			if o {
-				occ++
+		for _, r := range rcvr.rings {
+			for _, o := range r.occ {
+				if o {
+					occ++
+				}
 			}
 		}
 		if uint64(occ) != s.prod-x.consumed {
@@ -415,11 +501,16 @@ func (m *model) check() error {
 func (m *model) done() error {
 	for i := range 2 {
 		s, peer := &m.side[i], &m.side[1-i]
+		// A resize always completes: the resize and the switch need only the WQE credit
+		// that comes back whether or not anyone reads.
+		if s.ep.Resizing() || s.ep.switchDue {
+			return fmt.Errorf("deadlock: side %d's resize never completed (asked %d, announced %d, switch due %v)", i, s.ep.resizeTo, s.ep.resizing, s.ep.switchDue)
+		}
 		if peer.stopRead {
 			// The peer's application stops reading: the writer gets rid of everything, or
 			// of at least what was read, the peer's spill limit and half its ring, and
 			// stops only with the spill full.
-			switch absorbed := peer.read + uint64(peer.spillLimit+len(peer.ring)/2); {
+			switch absorbed := peer.read + uint64(peer.spillLimit+peer.ep.RingSize()/2); {
 			case peer.read < min(peer.readFirst, s.written):
 				return fmt.Errorf("deadlock: side %d read %d of the first %d bytes", 1-i, peer.read, peer.readFirst)
 			case s.toWrite != 0 && (len(peer.spill) < peer.spillLimit || s.written < absorbed):
@@ -454,8 +545,10 @@ func (m *model) key(h *maphash.Hash, b []byte) (uint64, []byte) {
 		s := &m.side[i]
 		e := &s.ep
 		b = appendKey(b, e.prod, e.granted, e.sent, e.wqeLimit, e.arrived, e.consumed, e.returned, e.reaped, e.wqeReturned,
-			s.toWrite, uint64(s.keepalives), uint64(len(s.cq)), uint64(len(s.spill)), s.read)
-		b = append(b, flags(e.finRequested, e.finSent, e.peerFIN, s.closed, s.finIn))
+			s.toWrite, uint64(s.keepalives), uint64(len(s.cq)), uint64(len(s.spill)), s.read,
+			e.peerRing, e.peerBase, e.switchTo, e.ring, e.ringBase, e.oldRing, e.switchAt, e.resizeTo, e.resizing,
+			uint64(s.resizes), uint64(s.cur), uint64(s.writeGen), s.mailbox, uint64(len(s.rings)))
+		b = append(b, flags(e.finRequested, e.finSent, e.peerFIN, s.closed, s.finIn, e.switchDue))
 		for _, msg := range s.cq {
 			b = appendKey(b, uint64(msg.off), uint64(msg.n), uint64(msg.imm))
 		}
@@ -542,7 +635,7 @@ func explore(cfg *modelConfig, maxDepth, maxStates int) (exploreResult, error) {
 			if a.kind == actWrite && cfg.maxWrite > 0 && a.n > cfg.maxWrite {
 				a.n = cfg.maxWrite
 			}
-			if (a.kind == actWrite || a.kind == actRead) && a.n > 1 {
+			if (a.kind == actWrite || a.kind == actRead) && a.n > 1 && a.kind != actResize {
 				acts = append(acts, action{a.kind, a.side, a.n - 1})
 			}
 			next := m.clone()
@@ -592,6 +685,14 @@ func exhaustiveConfigs() []*modelConfig {
 			total: [2]uint64{7, 0}, spill: [2]int{0, 8}, stopRead: [2]bool{false, true}, close: [2]bool{true, false}, maxWrite: 3},
 		{name: "spill: both ways while reading", ring: [2]int{4, 4}, wqes: [2]int{4, 4},
 			total: [2]uint64{4, 2}, spill: [2]int{2, 3}, close: [2]bool{true, true}, eagerClose: true, maxWrite: 2},
+		// Resizing: a receiver replaces its ring by one half or twice its size, at any
+		// point of the stream, while the writer's bytes are in flight to the old ring.
+		{name: "resize: one way, grow and shrink while streaming", ring: [2]int{4, 4}, wqes: [2]int{4, 4},
+			total: [2]uint64{6, 0}, close: [2]bool{true, false}, resizes: [2]int{0, 2}, ringRange: [2]int{2, 8}, maxWrite: 3},
+		{name: "resize: both ways, both sides resize", ring: [2]int{2, 2}, wqes: [2]int{4, 4},
+			total: [2]uint64{2, 1}, close: [2]bool{true, false}, resizes: [2]int{1, 1}, ringRange: [2]int{2, 4}, maxWrite: 2},
+		{name: "resize: toward a side that never reads, spilling", ring: [2]int{4, 4}, wqes: [2]int{4, 4},
+			total: [2]uint64{10, 0}, spill: [2]int{0, 4}, stopRead: [2]bool{false, true}, resizes: [2]int{0, 2}, ringRange: [2]int{2, 8}, maxWrite: 3},
 	}
 	if *deep {
 		cfgs = append(cfgs,
@@ -647,6 +748,15 @@ func TestModelFindsBrokenRules(t *testing.T) {
 		// less than fully buffered may be owed less than the half ring that makes an
 		// update due.
 		{"spill only from a full ring", func(p *policy) { p.spillAt = 8 }, "deadlock"},
+		// The new ring is written from its start: a writer that goes on at its cursor
+		// modulo the new size writes where the receiver does not look.
+		{"resize: the new ring is written from where the cursor points", func(p *policy) { p.keepBase = true }, "side 0: data message at ring offset"},
+		// A ring replaced while the one before still holds bytes: those are lost.
+		{"resize: a new ring while the old one still holds bytes", func(p *policy) { p.resizeWhileDraining = true }, "which holds no data"},
+		// The receiver that takes the new ring when it announces it, not when the switch
+		// arrives, looks for bytes still coming to the old ring, or buffered in it, in
+		// the wrong ring.
+		{"resize: the receiver switches rings when it announces the new one", func(p *policy) { p.resizeEarly = true }, "Unread names an old ring before any switch arrived"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -654,6 +764,13 @@ func TestModelFindsBrokenRules(t *testing.T) {
 			if strings.HasPrefix(tt.name, "spill") {
 				cfg.ring, cfg.total, cfg.maxWrite = [2]int{8, 8}, [2]uint64{16, 0}, 3
 				cfg.spill, cfg.stopRead, cfg.readFirst = [2]int{0, 3}, [2]bool{false, true}, [2]int{0, 3}
+			}
+			if strings.HasPrefix(tt.name, "resize") {
+				cfg.total, cfg.maxWrite = [2]uint64{6, 0}, 3
+				cfg.resizes, cfg.ringRange = [2]int{0, 2}, [2]int{2, 8}
+				if strings.Contains(tt.name, "announces") {
+					cfg.resizes[1] = 1
+				}
 			}
 			cfg.name, cfg.tweak = tt.name, tt.tweak
 			_, err := explore(&cfg, 200, 1_000_000)
@@ -728,8 +845,8 @@ func runRandom(m *model, rng *rand.Rand, steps int) (int, error) {
 }
 
 // randomConfig draws a configuration: tiny rings that wrap constantly, rings as small as
-// the engine's, WQE counts from the minimum up, ring units above a byte, and immediates
-// too small for the owed credit.
+// the engine's, WQE counts from the minimum up, ring units above a byte, immediates too
+// small for the owed credit, and rings resized at random times.
 func randomConfig(rng *rand.Rand) *modelConfig {
 	cfg := &modelConfig{name: "random", keepalives: rng.IntN(4)}
 	for i := range 2 {
@@ -751,6 +868,14 @@ func randomConfig(rng *rand.Rand) *modelConfig {
 	if rng.IntN(4) == 0 {
 		cfg.total[rng.IntN(2)] = 0 // one way
 	}
+	if cfg.unitShift == [2]uint{} && rng.IntN(2) == 0 {
+		// Rings that grow and shrink: resizes may change the ring unit, so only where
+		// the unit stays a byte.
+		cfg.ringRange = [2]int{2, 8 << 10}
+		for i := range 2 {
+			cfg.resizes[i] = rng.IntN(6)
+		}
+	}
 	if rng.IntN(3) == 0 {
 		// Immediates that hold little: owed credit is carried over several messages. An
 		// update must still return the WQE credit that made it due, or updates would
@@ -766,16 +891,19 @@ func TestModelRandom(t *testing.T) {
 	if *deep {
 		runs, steps = 5000, 20000
 	}
-	total := 0
+	total, switches := 0, 0
 	for run := range runs {
 		seed := uint64(run)
 		rng := rand.New(rand.NewPCG(seed, 0x5eed))
 		cfg := randomConfig(rng)
-		n, err := runRandom(newModel(cfg), rng, steps)
+		m := newModel(cfg)
+		n, err := runRandom(m, rng, steps)
 		require.NoError(t, err, "seed %d, config %+v", seed, *cfg)
 		total += n
+		switches += m.side[0].cur + m.side[1].cur
 	}
-	t.Logf("%d runs, %d steps", runs, total)
+	t.Logf("%d runs, %d steps, %d rings switched", runs, total, switches)
+	require.Positive(t, switches, "no run resized a ring")
 }
 
 // TestModelCreditRatio runs a steady one-way stream and bounds the credit-only messages

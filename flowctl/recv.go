@@ -1,6 +1,9 @@
 package flowctl
 
-import "fmt"
+import (
+	"fmt"
+	"math/bits"
+)
 
 // Arrival describes a message OnArrival accepted.
 type Arrival struct {
@@ -20,8 +23,9 @@ type Arrival struct {
 //
 // A data message's bytes are now readable (see Unread). Credit the message carries is
 // applied to the send half. Any error is a protocol violation by the peer, wrapping one
-// of ErrMalformed, ErrRingOverrun, ErrWQEOverrun, ErrCreditOverflow or ErrAfterFIN; the
-// Endpoint then stays failed and the connection should be closed with that error.
+// of ErrMalformed, ErrRingOverrun, ErrWQEOverrun, ErrCreditOverflow, ErrAfterFIN or
+// ErrBadResize; the Endpoint then stays failed and the connection should be closed with
+// that error.
 func (e *Endpoint) OnArrival(byteLen, imm uint32) (Arrival, error) {
 	if e.err != nil {
 		return Arrival{}, e.err
@@ -39,12 +43,24 @@ func (e *Endpoint) OnArrival(byteLen, imm uint32) (Arrival, error) {
 		if e.peerFIN {
 			return e.fail(fmt.Errorf("%w: %d bytes of data", ErrAfterFIN, n))
 		}
-		if room := e.returned + e.ring - e.arrived; n > room {
-			return e.fail(fmt.Errorf("%w: %d bytes at cursor %d, %d granted", ErrRingOverrun, n, e.arrived, room))
+		if e.arrived+n > e.returned+e.ring {
+			return e.fail(fmt.Errorf("%w: %d bytes at cursor %d, granted up to %d", ErrRingOverrun, n, e.arrived, e.returned+e.ring))
 		}
 	case KindFIN:
 		if e.peerFIN {
 			return e.fail(fmt.Errorf("%w: second FIN", ErrAfterFIN))
+		}
+	case KindResize:
+		size := uint64(1) << m.RingLog2
+		switch {
+		case e.switchDue:
+			return e.fail(fmt.Errorf("%w: a second resize before the switch", ErrBadResize))
+		case size < e.pol.minRing || size == e.peerRing || unitShift(size) != e.peerUnitShift:
+			return e.fail(fmt.Errorf("%w: from %d to %d bytes", ErrBadResize, e.peerRing, size))
+		}
+	case KindSwitch:
+		if e.resizing == 0 && !e.pol.resizeEarly {
+			return e.fail(fmt.Errorf("%w: switch without a resize", ErrBadResize))
 		}
 	}
 	w := uint64(m.WQECredits)
@@ -62,12 +78,18 @@ func (e *Endpoint) OnArrival(byteLen, imm uint32) (Arrival, error) {
 	a := Arrival{Kind: m.Kind, Credited: w != 0 || r != 0}
 	switch m.Kind {
 	case KindData:
-		a.Piece = Piece{Off: int(e.arrived & (e.ring - 1)), Len: int(n)}
+		a.Piece = Piece{Off: int((e.arrived - e.ringBase) & (e.ring - 1)), Len: int(n)}
 		e.arrived += n
 		e.stats.DataReceived++
 		return a, nil
 	case KindFIN:
 		e.peerFIN = true
+	case KindResize:
+		e.switchDue, e.switchTo = true, uint64(1)<<m.RingLog2
+	case KindSwitch:
+		if !e.pol.resizeEarly {
+			e.switchRing()
+		}
 	}
 	e.stats.ControlReceived++
 	return a, nil
@@ -76,16 +98,23 @@ func (e *Endpoint) OnArrival(byteLen, imm uint32) (Arrival, error) {
 // Buffered is how many bytes have arrived and not been consumed.
 func (e *Endpoint) Buffered() int { return int(e.arrived - e.consumed) }
 
-// Unread returns the buffered bytes as up to two ranges of our ring, in stream order;
-// second is empty unless the bytes wrap around the ring's end. The bytes stay put until
-// Consume releases them, so the caller may copy them out without holding its lock.
+// Unread returns the next buffered bytes as up to two ranges of one ring, in stream
+// order; second is empty unless the bytes wrap around the ring's end. The ring is the
+// current one, or, while [Endpoint.OldRing] reports true, the one the last switch
+// replaced: then Unread names only the bytes still in it, and the bytes after them are
+// in the current ring. The bytes stay put until Consume releases them, so the caller
+// may copy them out without holding its lock.
 func (e *Endpoint) Unread() (first, second Piece) {
-	n := e.arrived - e.consumed
+	end, size, base := e.arrived, e.ring, e.ringBase
+	if e.oldRing != 0 {
+		end, size, base = e.switchAt, e.oldRing, e.oldBase
+	}
+	n := end - e.consumed
 	if n == 0 {
 		return Piece{}, Piece{}
 	}
-	off := e.consumed & (e.ring - 1)
-	l := min(n, e.ring-off)
+	off := (e.consumed - base) & (size - 1)
+	l := min(n, size-off)
 	first = Piece{Off: int(off), Len: int(l)}
 	if l < n {
 		second = Piece{Len: int(n - l)}
@@ -102,6 +131,9 @@ func (e *Endpoint) Consume(n int) error {
 		return fmt.Errorf("%w: Consume(%d) with %d bytes buffered", ErrBadLength, n, e.arrived-e.consumed)
 	}
 	e.consumed += uint64(n)
+	if e.oldRing != 0 && e.consumed >= e.switchAt {
+		e.oldRing = 0 // the engine may free it
+	}
 	return nil
 }
 
@@ -148,8 +180,12 @@ func (e *Endpoint) returnable() uint64 {
 // the message arrives, and the caller posts every message it is handed.
 func (e *Endpoint) takeCredit(kind Kind) uint32 {
 	w := min(e.reaped-e.wqeReturned, e.pol.maxWQE)
-	u := min(e.returnable()>>e.unitShift, e.pol.maxRing)
 	e.wqeReturned += w
+	if kind == KindResize {
+		// The ring field names the new ring; owed ring credit waits for the next message.
+		return Imm{Kind: kind, WQECredits: uint32(w), RingLog2: uint8(bits.Len64(e.resizeTo) - 1)}.pack()
+	}
+	u := min(e.returnable()>>e.unitShift, e.pol.maxRing)
 	e.returned += u << e.unitShift
 	return Imm{Kind: kind, WQECredits: uint32(w), RingCredits: uint32(u)}.pack()
 }

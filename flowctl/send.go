@@ -16,8 +16,18 @@ type Reservation struct {
 func (e *Endpoint) credit() uint64 { return e.wqeLimit - e.sent }
 
 // free is how many bytes may be written into the peer's ring without overwriting bytes
-// its application has not consumed.
-func (e *Endpoint) free() uint64 { return e.granted + e.peerRing - e.prod }
+// its application has not consumed. After a switch to a smaller ring, more than its
+// size may be outstanding: then nothing may be written until credit brings it below.
+func (e *Endpoint) free() uint64 {
+	if end := e.granted + e.peerRing; end > e.prod {
+		return end - e.prod
+	}
+	return 0
+}
+
+// peerOff is where the stream byte at cursor c lands in the peer's current ring, which
+// began at cursor peerBase.
+func (e *Endpoint) peerOff(c uint64) uint64 { return (c - e.peerBase) & (e.peerRing - 1) }
 
 // ReserveData hands out the next at most n bytes of the stream toward the peer: as much
 // as the peer's free ring space and the data share of its WQE credit allow, possibly
@@ -26,8 +36,9 @@ func (e *Endpoint) free() uint64 { return e.granted + e.peerRing - e.prod }
 // payload of Msgs[0] is the first Msgs[0].Len bytes of what it is writing, and so on.
 //
 // ReserveData(0) reserves nothing and is not an error: a zero-length Write sends
-// nothing. After CloseWrite it fails with [ErrWriteClosed], and after a protocol
-// violation with that violation.
+// nothing. Nor does ReserveData reserve anything while the switch answering a peer's
+// resize waits for credit: NextControl hands it out first. After CloseWrite it fails
+// with [ErrWriteClosed], and after a protocol violation with that violation.
 func (e *Endpoint) ReserveData(n int) (Reservation, error) {
 	var r Reservation
 	switch {
@@ -39,10 +50,13 @@ func (e *Endpoint) ReserveData(n int) (Reservation, error) {
 		return r, ErrWriteClosed
 	}
 	want := min(uint64(n), e.free())
+	if e.switchTo != 0 {
+		want = 0
+	}
 	for want > 0 && e.credit() > e.pol.reserve {
-		off := e.prod & (e.peerRing - 1)
+		off := e.peerOff(e.prod)
 		l := min(want, e.peerRing-off)
-		r.Msgs[r.Count] = Msg{Piece: Piece{Off: int(off), Len: int(l)}, Imm: e.takeCredit(KindData)}
+		r.Msgs[r.Count] = Msg{Piece: Piece{Off: int(off), Len: int(l)}, Imm: e.takeCredit(KindData), Kind: KindData}
 		r.Count++
 		r.Bytes += int(l)
 		e.prod += l
@@ -57,13 +71,13 @@ func (e *Endpoint) ReserveData(n int) (Reservation, error) {
 // zero when a writer must wait for credit.
 func (e *Endpoint) Writable() int {
 	c := e.credit()
-	if e.err != nil || e.finRequested || c <= e.pol.reserve {
+	if e.err != nil || e.finRequested || c <= e.pol.reserve || e.switchTo != 0 {
 		return 0
 	}
 	free := e.free()
 	if c == e.pol.reserve+1 {
 		// Credit for one message only: it cannot continue past the ring's end.
-		free = min(free, e.peerRing-(e.prod&(e.peerRing-1)))
+		free = min(free, e.peerRing-e.peerOff(e.prod))
 	}
 	return int(free)
 }
@@ -79,34 +93,48 @@ func (e *Endpoint) CloseWrite() { e.finRequested = true }
 func (e *Endpoint) FINPending() bool { return e.finRequested && !e.finSent }
 
 // NextControl hands out the next control message to post, if one is due and may be sent:
-// the FIN after CloseWrite, else a standalone credit update when this side owes the peer
-// half its WQEs or half its ring (see the package docs). Like every message, it carries
-// all the credit that fits in its immediate. The caller must post it before handing out
-// any other message.
+// the switch answering a peer's resize, the FIN after CloseWrite, the resize Resize asked
+// for, else a standalone credit update when this side owes the peer half its WQEs or half
+// its ring (see the package docs). Like every message, it carries all the credit that
+// fits in its immediate. The caller must post it before handing out any other message; a
+// resize (Kind KindResize) goes to the peer's mailbox with the new ring's description.
 //
 // Call it in a loop until it returns false after every event that can change the answer:
-// OnArrival, Consume, CloseWrite. A false answer with a FIN pending or an update due
-// means the WQE credit it needs is on its way; the arrival that brings it is such an event.
+// OnArrival, Consume, CloseWrite, Resize. A false answer with a message due means the WQE
+// credit it needs is on its way; the arrival that brings it is such an event.
 func (e *Endpoint) NextControl() (Msg, bool) {
 	if e.err != nil {
 		return Msg{}, false
 	}
-	var kind Kind
+	// The switch and the resize spend credit as data does, never the reserve: the
+	// argument that credit comes back to a writer covers them (see the package docs).
+	dataCredit := e.credit() > e.pol.reserve
 	switch {
+	case e.switchDue && dataCredit:
+		// Data from here on goes to the new ring, from its start.
+		e.peerRing, e.switchTo, e.switchDue = e.switchTo, 0, false
+		if !e.pol.keepBase {
+			e.peerBase = e.prod
+		}
+		return e.control(KindSwitch), true
 	case e.finRequested && !e.finSent:
-		kind = KindFIN
-	case e.updateDue():
-		kind = KindCredit
-	default:
-		return Msg{}, false
-	}
-	if !e.controlCredit() {
-		return Msg{}, false
-	}
-	if kind == KindFIN {
+		if !e.controlCredit() {
+			return Msg{}, false
+		}
 		e.finSent = true
+		return e.control(KindFIN), true
+	case e.resizeTo != 0 && dataCredit:
+		m := e.control(KindResize)
+		m.Len = ResizeLen
+		e.resizing, e.resizeTo = e.resizeTo, 0
+		if e.pol.resizeEarly {
+			e.switchRing()
+		}
+		return m, true
+	case e.updateDue() && e.controlCredit():
+		return e.control(KindCredit), true
 	}
-	return e.control(kind), true
+	return Msg{}, false
 }
 
 // Keepalive hands out a keepalive message, carrying whatever credit is owed, if it can
@@ -139,5 +167,5 @@ func (e *Endpoint) controlCredit() bool {
 func (e *Endpoint) control(kind Kind) Msg {
 	e.sent++
 	e.stats.ControlSent++
-	return Msg{Imm: e.takeCredit(kind)}
+	return Msg{Imm: e.takeCredit(kind), Kind: kind}
 }

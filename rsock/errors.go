@@ -23,6 +23,14 @@ var (
 	// ErrResourcesExhausted: queue pairs, memory registrations or other RDMA resources
 	// ran out.
 	ErrResourcesExhausted = errors.New("RDMA resources exhausted")
+	// ErrMemoryBudget: registering the connection's memory would pass
+	// [Config.MaxRegisteredMemory] on its device. Reasons matching it match
+	// [ErrResourcesExhausted] too.
+	ErrMemoryBudget = rdma.ErrMemoryBudget
+	// ErrMemlock: registering the connection's memory would pass, or passed, the
+	// process's RLIMIT_MEMLOCK. Reasons matching it match [ErrResourcesExhausted] too,
+	// and say how to raise the limit.
+	ErrMemlock = rdma.ErrMemlock
 	// ErrMTUMismatch: the two ports' MTUs cannot be reconciled.
 	ErrMTUMismatch = errors.New("RDMA path MTU mismatch")
 	// ErrNoRoute: the peer's RDMA port is not reachable from this side's.

@@ -494,6 +494,11 @@ func TestConfigErrors(t *testing.T) {
 		{"negative send buffer", "tcp", &Config{SendBufferSize: -1}, "negative SendBufferSize -1"},
 		{"negative receive WQEs", "tcp", &Config{RecvWQEs: -1}, "negative RecvWQEs -1"},
 		{"read buffer", "tcp", &Config{ReadBufferSize: 2 << 30}, "ReadBufferSize 2147483648 is above 1 GiB"},
+		{"negative memory budget", "tcp", &Config{MaxRegisteredMemory: -1}, "negative MaxRegisteredMemory -1"},
+		{"ring growth past 512 KiB", "tcp", &Config{RingSize: 8 << 10, GrowRingTo: 1 << 20}, "GrowRingTo 1048576"},
+		{"ring growth below the ring", "tcp", &Config{RingSize: 64 << 10, GrowRingTo: 32 << 10}, "GrowRingTo 32768"},
+		{"ring growth below the default ring", "tcp", &Config{GrowRingTo: 64 << 10}, "GrowRingTo 65536"},
+		{"ring growth not a power of two", "tcp", &Config{RingSize: 8 << 10, GrowRingTo: 100 << 10}, "GrowRingTo 102400"},
 	}
 	for _, tt := range tests {
 		_, err := Listen(tt.network, "127.0.0.1:0", tt.cfg)

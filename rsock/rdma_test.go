@@ -1,8 +1,10 @@
 package rsock
 
 import (
+	"bytes"
 	"errors"
 	"io"
+	"math/rand/v2"
 	"net"
 	"testing"
 
@@ -66,6 +68,8 @@ func TestRDMAFallbackReasons(t *testing.T) {
 		clientWhy  error
 		serverWhy  error
 		clientPeer bool
+		// clientText and serverText, if set, are in the reasons' texts.
+		clientText, serverText string
 	}{
 		// Configurations without RDMA are explicit: a nil Provider is the default one,
 		// which finds a device where the build and the machine have one.
@@ -88,6 +92,18 @@ func TestRDMAFallbackReasons(t *testing.T) {
 			name:      "registration fails on the client",
 			setup:     func(fab *soft.Fabric, scfg, ccfg *Config) { fab.FailAllocs(soft.AllocMR, 1) },
 			clientWhy: ErrResourcesExhausted, serverWhy: ErrPeerOfferedNone,
+		},
+		{
+			name:      "client's registered-memory budget",
+			setup:     func(fab *soft.Fabric, scfg, ccfg *Config) { ccfg.MaxRegisteredMemory = 64 << 10 },
+			clientWhy: ErrMemoryBudget, serverWhy: ErrPeerOfferedNone,
+			clientText: "over the budget of 65536 (MaxRegisteredMemory)",
+		},
+		{
+			name:      "server's registered-memory budget",
+			setup:     func(fab *soft.Fabric, scfg, ccfg *Config) { scfg.MaxRegisteredMemory = 64 << 10 },
+			clientWhy: ErrResourcesExhausted, serverWhy: ErrMemoryBudget, clientPeer: true,
+			serverText: "register 131072-byte receive ring: rdma: registered-memory budget exceeded: 131072 bytes more on soft0 would make 327680, over the budget of 65536 (MaxRegisteredMemory)",
 		},
 		{
 			name:      "client disabled RDMA",
@@ -114,6 +130,12 @@ func TestRDMAFallbackReasons(t *testing.T) {
 				require.ErrorIs(t, c.FallbackReason(), tt.clientWhy)
 				require.ErrorIs(t, s.FallbackReason(), tt.serverWhy)
 				require.Equal(t, tt.clientPeer, errors.Is(c.FallbackReason(), ErrPeerDeclined), "client reason %v", c.FallbackReason())
+				if tt.clientText != "" {
+					require.ErrorContains(t, c.FallbackReason(), tt.clientText)
+				}
+				if tt.serverText != "" {
+					require.ErrorContains(t, s.FallbackReason(), tt.serverText)
+				}
 			}
 			requireEcho(t, c, s)
 			c.Close()
@@ -168,4 +190,39 @@ func requireEcho(t *testing.T, c, s *Conn) {
 		require.NoError(t, err)
 		require.Equal(t, "ping", string(b))
 	}
+}
+
+// TestRDMARingGrowth connects with rings that start at 8 KiB and may grow to 128 KiB, as
+// an application that wants small idle connections configures them: a large request and
+// response go through both ways, every byte checked.
+func TestRDMARingGrowth(t *testing.T) {
+	fab := soft.New(soft.Options{})
+	scfg, ccfg := rdmaConfigs(t, FallbackTCP, fab)
+	for _, cfg := range []*Config{scfg, ccfg} {
+		cfg.RingSize, cfg.GrowRingTo = 8<<10, 128<<10
+	}
+	ln := listen(t, scfg)
+	c, s := pipe(t, ln, ccfg)
+	require.Equal(t, TransportRDMA, c.Transport(), "%v", c.FallbackReason())
+	request, response := make([]byte, 3<<20), make([]byte, 2<<20)
+	rand.NewChaCha8([32]byte{'g'}).Read(request)
+	rand.NewChaCha8([32]byte{'r'}).Read(response)
+	go func() {
+		c.Write(request)
+	}()
+	got := make([]byte, len(request))
+	_, err := io.ReadFull(s, got)
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(request, got), "request differs")
+	go func() {
+		s.Write(response)
+	}()
+	got = make([]byte, len(response))
+	_, err = io.ReadFull(c, got)
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(response, got), "response differs")
+	c.Close()
+	s.Close()
+	ln.Close()
+	requireReleased(t, fab)
 }

@@ -214,6 +214,9 @@ func prepareReason(p verbs.Provider, err error) error {
 		return fmt.Errorf("%w: %w", ErrResourcesExhausted, limit)
 	case errors.Is(err, verbs.ErrNoDevice):
 		return fmt.Errorf("%w: provider %s: %w", ErrNoDevice, p.Name(), err)
+	case errors.Is(err, rdma.ErrMemoryBudget), errors.Is(err, rdma.ErrMemlock):
+		// The engine's text names the limit and the figures.
+		return fmt.Errorf("%w: provider %s: %w", ErrResourcesExhausted, p.Name(), err)
 	case errors.Is(err, verbs.ErrNoResources), errors.Is(err, rdma.ErrTooManyConns):
 		return fmt.Errorf("%w: provider %s: %w", ErrResourcesExhausted, p.Name(), err)
 	}
@@ -232,12 +235,15 @@ func connectReason(err error) error {
 func (c *Config) rdmaOptions() rdma.Options {
 	return rdma.Options{
 		RingSize:       c.RingSize,
+		GrowRingTo:     c.GrowRingTo,
 		SendBufferSize: c.SendBufferSize,
 		RecvWQEs:       c.RecvWQEs,
 		PollSpin:       c.PollSpin,
 		MaxConns:       c.MaxRDMAConns,
 		ReadBufferSize: c.ReadBufferSize,
 		Linger:         c.Linger,
+
+		MaxRegisteredMemory: c.MaxRegisteredMemory,
 	}
 }
 

@@ -27,6 +27,7 @@ echo 3 > /proc/sys/kernel/printk
 . /ci/perf.sh
 . /ci/tls.sh
 . /ci/select.sh
+. /ci/mem.sh
 
 echo "@@GUEST kernel $(uname -r), $(grep -c ^processor /proc/cpuinfo) CPUs, $(awk '/MemTotal/ { print $2 / 1024 " MiB" }' /proc/meminfo), up $(uptime_s) s"
 echo "@@GUEST steps /$STEPS/, -test.run /$RUN/, short=$SHORT, -test.timeout ${GO_TIMEOUT}s"
@@ -108,6 +109,8 @@ cmd_step examples_grpc example_grpc
 cmd_step tls_two_hosts tls_two_hosts
 # Device selection on a GID table with holes (select.sh).
 cmd_step select_gid_holes select_gid_holes
+# Registered memory against RLIMIT_MEMLOCK (mem.sh).
+mem_steps
 
 # rsockperf next to perftest and rstream.
 : > /tmp/perf.txt

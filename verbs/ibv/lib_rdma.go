@@ -155,6 +155,11 @@ type provider struct {
 
 func (p *provider) Name() string { return "ibv" }
 
+// PinsMemory reports that memory registered through this provider is pinned, counted
+// against RLIMIT_MEMLOCK unless the process has CAP_IPC_LOCK. rsock's engine checks it
+// before registering, to fall back with a reason instead of the kernel's ENOMEM.
+func (p *provider) PinsMemory() bool { return true }
+
 // Devices lists every device libibverbs finds, each opened briefly to query it.
 func (p *provider) Devices() ([]verbs.DeviceAttr, error) {
 	list, n, err := getDeviceList()

@@ -9,31 +9,40 @@ import (
 )
 
 // BenchmarkStream measures one-way throughput through the engine; the reader drains on
-// its own goroutine.
+// its own goroutine. "fixed" is the default 128 KiB ring and 64 KiB staging buffer,
+// "growing" rings that start at 8 KiB and grow to 128 KiB (growingOptions): the second
+// must keep up with the first.
 func BenchmarkStream(b *testing.B) {
 	for _, size := range []int{64, 4 << 10, 64 << 10, 1 << 20} {
-		b.Run(fmt.Sprintf("%dB", size), func(b *testing.B) {
-			f := soft.New(soft.Options{})
-			w, r := connPair(b, f, Options{})
-			done := make(chan struct{})
-			go func() {
-				io.Copy(io.Discard, r)
-				close(done)
-			}()
-			buf := make([]byte, size)
-			b.SetBytes(int64(size))
-			b.ReportAllocs()
-			for b.Loop() {
-				if _, err := w.Write(buf); err != nil {
-					b.Fatal(err)
-				}
-			}
-			w.CloseWrite()
-			<-done
-			w.Close()
-			r.Close()
-		})
+		for _, o := range []struct {
+			name string
+			opts Options
+		}{{"fixed", Options{}}, {"growing", growingOptions}} {
+			b.Run(fmt.Sprintf("%dB/%s", size, o.name), func(b *testing.B) { benchStream(b, size, o.opts) })
+		}
 	}
+}
+
+func benchStream(b *testing.B, size int, opts Options) {
+	f := soft.New(soft.Options{})
+	w, r := connPair(b, f, opts)
+	done := make(chan struct{})
+	go func() {
+		io.Copy(io.Discard, r)
+		close(done)
+	}()
+	buf := make([]byte, size)
+	b.SetBytes(int64(size))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := w.Write(buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+	w.CloseWrite()
+	<-done
+	w.Close()
+	r.Close()
 }
 
 // BenchmarkPingPong64B measures a 64-byte round trip.

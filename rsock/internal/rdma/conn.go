@@ -61,7 +61,21 @@ type Conn struct {
 	peerGone    bool // the control connection closed
 	closing     bool // Close was called
 	recvWR      [1]verbs.RecvWR
-	ring        []byte
+	ring        []byte // the ring data lands in (without its mailbox)
+
+	// Rings that grow (conn_resize.go).
+	oldRing        []byte // the ring the last switch replaced, while it holds bytes
+	growTo         int    // largest ring to grow to; 0: no growth (any more)
+	growErr        error  // why growth stopped, if it did
+	nextRingSize   int    // size of the ring announced, until the switch
+	peerNextAddr   uint64 // the peer's announced ring, written from our switch on
+	peerNextRKey   uint32 //
+	ringSwitches   uint64 // our ring was replaced this many times
+	stageMax       int    // largest staging buffer to grow to
+	oldStageUntil  uint64 // sends below this WR id use ep.oldSend
+	turnover       uint64 // bytes that arrived since the ring became current
+	dataArrivals   uint64 // data messages that arrived
+	arrivalsAtTick uint64 // dataArrivals at the last keepalive tick
 
 	// Receive buffering beyond the ring (conn_spill.go, "Buffering" in doc.go).
 	spill       spillBuf
@@ -129,8 +143,9 @@ func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) 
 		stageKey:     ep.sendBuf.LKey(),
 		stageAddr:    ep.sendBuf.Addr(),
 		inline:       ep.inline, // the sender's QP decides what goes inline
-		maxChunk:     max(ep.opts.SendBufferSize/4, 1),
-		ring:         ep.ring.Bytes(),
+		maxChunk:     max(ep.opts.firstSendBuffer()/4, 1),
+		stageMax:     ep.opts.SendBufferSize,
+		ring:         ep.ring.Bytes()[:ep.opts.RingSize],
 		spillMax:     ep.opts.ReadBufferSize,
 		linger:       ep.opts.Linger,
 		readable:     make(chan struct{}, 1),
@@ -139,6 +154,9 @@ func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) 
 		closed:       make(chan struct{}),
 		ctrlDone:     make(chan struct{}),
 		kaPeriod:     keepalive,
+	}
+	if ep.opts.GrowRingTo > ep.opts.RingSize {
+		c.growTo = ep.opts.GrowRingTo
 	}
 	c.rdl.init()
 	c.wdl.init()

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/rsockio/rsock/flowctl"
 	"github.com/rsockio/rsock/verbs"
 )
 
@@ -47,8 +48,19 @@ func (c *Conn) onRecv(wc *verbs.WorkCompletion) {
 		c.failLocked(protocolError(err))
 		return
 	}
+	switch a.Kind {
+	case flowctl.KindResize:
+		if err := c.onResizeLocked(wc.ByteLen, wc.Imm); err != nil {
+			c.failLocked(protocolError(err))
+			return
+		}
+	case flowctl.KindSwitch:
+		c.onSwitchLocked()
+	}
 	if a.Len > 0 {
+		c.dataArrivals++
 		c.spillLocked()
+		c.maybeGrowLocked(a.Len)
 	}
 	if a.Len > 0 || c.fc.PeerClosed() {
 		signal(c.readable)
@@ -69,7 +81,10 @@ func (c *Conn) onSendDone(id uint64) {
 		return
 	}
 	c.sqDone = id + 1
-	c.stageHead = c.stageEnd[id%c.sqDepth]
+	// After a larger staging buffer replaced the old one, the old one's sends end
+	// below the new one's start: the head never moves back.
+	c.stageHead = max(c.stageHead, c.stageEnd[id%c.sqDepth])
+	c.freeOldStageLocked()
 	signal(c.writable)
 	signal(c.drained)
 	c.postControlLocked()

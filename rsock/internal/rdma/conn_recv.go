@@ -37,9 +37,9 @@ func (c *Conn) Read(p []byte) (int, error) {
 		n := c.spill.copyOut(p[:min(len(p), v.spilled)])
 		m := 0
 		if n == v.spilled && n < len(p) {
-			m = copy(p[n:], c.ring[v.first.Off:v.first.Off+v.first.Len])
+			m = copy(p[n:], v.ring[v.first.Off:v.first.Off+v.first.Len])
 			if n+m < len(p) && v.second.Len > 0 {
-				m += copy(p[n+m:], c.ring[:v.second.Len])
+				m += copy(p[n+m:], v.ring[:v.second.Len])
 			}
 		}
 		c.consume(n, m, true)
@@ -79,10 +79,10 @@ func (c *Conn) WriteTo(w io.Writer) (int64, error) {
 		if v.spilled > 0 {
 			n, werr = w.Write(c.spill.peek())
 		} else {
-			m, werr = w.Write(c.ring[v.first.Off : v.first.Off+v.first.Len])
+			m, werr = w.Write(v.ring[v.first.Off : v.first.Off+v.first.Len])
 			if werr == nil && v.second.Len > 0 {
 				var k int
-				k, werr = w.Write(c.ring[:v.second.Len])
+				k, werr = w.Write(v.ring[:v.second.Len])
 				m += k
 			}
 		}
@@ -97,10 +97,12 @@ func (c *Conn) WriteTo(w io.Writer) (int64, error) {
 
 type piece struct{ Off, Len int }
 
-// unreadView is what a Read may copy out: spilled bytes, then ring pieces.
+// unreadView is what a Read may copy out: spilled bytes, then pieces of ring, the
+// memory they are in (the old ring's, after a switch, while it holds bytes).
 type unreadView struct {
 	spilled       int
 	first, second piece
+	ring          []byte
 }
 
 func (v unreadView) empty() bool { return v.spilled == 0 && v.first.Len == 0 }
@@ -116,7 +118,7 @@ func (c *Conn) unread() (unreadView, error) {
 	}
 	c.reading = true
 	f, s := c.fc.Unread()
-	v := unreadView{spilled: c.spill.len(), first: piece(f), second: piece(s)}
+	v := unreadView{spilled: c.spill.len(), first: piece(f), second: piece(s), ring: c.readRingLocked()}
 	if !v.empty() {
 		return v, nil
 	}
@@ -172,6 +174,7 @@ func (c *Conn) consume(fromSpill, fromRing int, done bool) {
 		c.failLocked(err) // cannot happen: fromRing ≤ what Unread returned
 		return
 	}
+	c.freeOldRingLocked()
 	c.spillLocked()
 	c.postControlLocked()
 }
@@ -187,19 +190,24 @@ func (c *Conn) spillLocked() {
 		return
 	}
 	n := c.fc.Spillable(c.spillMax - c.spill.len())
-	if n == 0 {
-		return
+	for n > 0 {
+		// Unread names one ring at a time: the old one first, after a switch.
+		ring := c.readRingLocked()
+		f, s := c.fc.Unread()
+		k := min(n, f.Len+s.Len)
+		m := min(k, f.Len)
+		c.spill.write(ring[f.Off : f.Off+m])
+		if k > m {
+			c.spill.write(ring[s.Off : s.Off+k-m])
+		}
+		if err := c.fc.Consume(k); err != nil {
+			c.failLocked(err) // cannot happen: k ≤ what Unread returned
+			return
+		}
+		c.spilled += uint64(k)
+		n -= k
+		c.freeOldRingLocked()
 	}
-	f, s := c.fc.Unread()
-	m := min(n, f.Len)
-	c.spill.write(c.ring[f.Off : f.Off+m])
-	if n > m {
-		c.spill.write(c.ring[s.Off : s.Off+n-m])
-	}
-	if err := c.fc.Consume(n); err != nil {
-		c.failLocked(err) // cannot happen: n ≤ what Unread returned
-	}
-	c.spilled += uint64(n)
 }
 
 // waitReadable waits until something arrives, the read deadline passes, or the Conn

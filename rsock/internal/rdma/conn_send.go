@@ -116,7 +116,13 @@ func (c *Conn) writeRoomLocked() int {
 	if c.sqDepth-(c.sqPosted-c.sqDone) < 2 {
 		return 0
 	}
-	return min(c.fc.Writable(), c.maxChunk, c.stageContig())
+	w := min(c.fc.Writable(), c.maxChunk)
+	contig := c.stageContig()
+	if contig < w && len(c.stage) < c.stageMax && c.ep != nil && c.ep.oldSend == nil {
+		c.growStageLocked()
+		contig = c.stageContig()
+	}
+	return min(w, contig)
 }
 
 // stageContig is the largest contiguous staging span free at the tail. When the tail
@@ -253,18 +259,28 @@ func (c *Conn) postControlLocked() {
 		if c.closing && c.finPosted {
 			return // credit for a stream nobody will read any more
 		}
-		fin := c.fc.FINPending() // NextControl hands out a pending FIN first
 		m, ok := c.fc.NextControl()
 		if !ok {
 			return
 		}
-		// A FIN is signaled so that Close can wait for it to land.
-		c.fillWR(0, m, 0, fin)
+		fin := m.Kind == flowctl.KindFIN
+		if m.Kind == flowctl.KindResize {
+			c.fillResizeWR(m)
+		} else {
+			// A FIN is signaled so that Close can wait for it to land.
+			c.fillWR(0, m, 0, fin)
+		}
 		c.wrEnd[0] = c.stageTail
 		if fin {
 			c.finPosted, c.finID = true, c.sqPosted
 		}
-		c.postLocked(1)
+		if c.postLocked(1) != nil {
+			return
+		}
+		if m.Kind == flowctl.KindSwitch {
+			// Data reserved from now on goes to the peer's new ring.
+			c.peerRingAddr, c.peerRKey = c.peerNextAddr, c.peerNextRKey
+		}
 	}
 }
 
@@ -303,6 +319,7 @@ func (c *Conn) sendKeepalive() {
 			c.postLocked(1)
 		}
 	}
+	c.idleShrinkLocked()
 	c.mu.Unlock()
 	c.ctrl.SetWriteDeadline(time.Now().Add(c.kaPeriod))
 	if _, err := c.ctrl.Write(ctrlKeepalive[:]); err != nil {

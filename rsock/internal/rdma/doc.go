@@ -97,6 +97,49 @@
 // a process-wide pool and go back to it as they are read, so a connection that spills
 // now and then allocates nothing in steady state, and an idle one holds no chunk.
 //
+// # Rings that grow
+//
+// A ring sized for a busy stream is wasted on an idle connection, and most connections
+// of a fleet are idle: at the defaults (128 KiB ring, 64 KiB staging) an idle end holds
+// about 235 KiB, 192 KiB of it registered, which is pinned on a real device. With
+// Options.GrowRingTo, a connection starts small and grows with use instead:
+//
+//   - The ring starts at RingSize and grows four-fold (to GrowRingTo at most) after a
+//     data arrival that finds three quarters of it held by the peer (buffered, or
+//     consumed and not yet credited back), or once four rings' worth of data has passed
+//     through it: the stream is busy, and a larger ring keeps more of it in flight. It
+//     shrinks back to RingSize at the second keepalive tick with nothing arrived and
+//     nothing buffered.
+//   - A resize is flowctl's: the engine registers the new ring, flowctl hands out a
+//     resize message, which the engine writes, with the new ring's address and key
+//     (conn_resize.go), into a 64-byte mailbox behind the peer's ring; the peer's
+//     flowctl answers with a switch, after which its writes go to the new ring from its
+//     start. The old ring stays until its bytes are read (or spilled), then is
+//     deregistered. No byte moves, so none is lost or reordered; see flowctl's
+//     "Resizing the ring" for why the credit rules keep holding.
+//   - The staging buffer starts at half the first ring and grows four-fold, up to
+//     SendBufferSize, when it rather than credit limits a write; the old one stays
+//     until the sends from it complete. It does not shrink.
+//
+// With RingSize 8 KiB and GrowRingTo 128 KiB, an idle end holds about 58 KiB in all
+// (TestIdleFootprint: 5,000 connections, heap with soft's registered memory, its share
+// of the CQs, goroutine stacks), 12 KiB of it registered, and a stream grows to the same
+// 128 KiB ring and 64 KiB staging as the defaults (BenchmarkStream "growing"). Growth is
+// off by default because both ends need the mailbox: an engine without GrowRingTo does
+// not register one.
+//
+// # Registered memory limits
+//
+// Every region the engine registers goes through one function (registerMR), which
+// counts it against Options.MaxRegisteredMemory, a budget per device of the process,
+// and, on a provider that pins (rdma-core) and without CAP_IPC_LOCK, against
+// RLIMIT_MEMLOCK, whose default for an unprivileged user is often 64 KiB to 8 MiB. A
+// connection that would pass either fails to prepare with ErrMemoryBudget or ErrMemlock
+// naming the limit and the figures, and rsock falls back to TCP; the kernel's own ENOMEM
+// from a registration (memory pinned elsewhere in the process) is reported as
+// ErrMemlock with the fix. A ring or staging buffer that cannot grow for the same
+// reasons stays as it is.
+//
 // # Closing
 //
 // Close posts the FIN behind every byte Write accepted and waits for it to complete:

@@ -20,6 +20,12 @@ var (
 	// ErrTooManyConns reports that Options.MaxConns RDMA connections are open on the
 	// device already.
 	ErrTooManyConns = errors.New("rdma: connection limit reached")
+	// ErrMemoryBudget reports that registering a connection's memory would take the
+	// device past Options.MaxRegisteredMemory.
+	ErrMemoryBudget = errors.New("rdma: registered-memory budget exceeded")
+	// ErrMemlock reports that registering a connection's memory would take, or took,
+	// the process's pinned memory past RLIMIT_MEMLOCK.
+	ErrMemlock = errors.New("rdma: RLIMIT_MEMLOCK reached")
 	// ErrMTU reports that no path MTU suits both ports.
 	ErrMTU = errors.New("rdma: no common path MTU")
 	// ErrBadOffer reports a peer offer that cannot be connected to.

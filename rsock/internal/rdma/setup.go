@@ -16,8 +16,18 @@ import (
 // Options size a connection's resources. Zero fields take the defaults below.
 type Options struct {
 	// RingSize is the receive ring's size in bytes, a power of two between MinRingSize
-	// and MaxRingSize. Default 128 KiB.
+	// and MaxRingSize. Default 128 KiB. With GrowRingTo above it, it is the size the
+	// ring starts at.
 	RingSize int
+	// GrowRingTo, if above RingSize, lets the ring grow while a stream keeps it full,
+	// and the staging buffer start at half the first ring and grow up to SendBufferSize
+	// as writes need it,
+	// by factors of four up to GrowRingTo, and shrink back to RingSize when the
+	// connection idles (see "Rings that grow" in the package docs). A power of two of
+	// at most 512 KiB. Zero: the ring keeps RingSize. Both ends must set it (to any
+	// size): a side that grows writes its new ring's description into a mailbox that
+	// only a side that sets it registers, behind its ring.
+	GrowRingTo int
 	// SendBufferSize is the registered staging buffer Write copies into. Default 64 KiB.
 	SendBufferSize int
 	// RecvWQEs is how many receive WQEs are kept posted. Default 64.
@@ -49,6 +59,12 @@ type Options struct {
 
 	// netdevOf replaces the selector's interface lookup (verbs.Selector.NetdevOf) in tests.
 	netdevOf func(netip.Addr) (string, error)
+	// MaxRegisteredMemory, if positive, caps the bytes of memory the process registers
+	// on one device (rings and send buffers of every connection on it, whatever their
+	// Options). Prepare fails with ErrMemoryBudget beyond it. Independently of it, on a
+	// provider that pins registered memory, Prepare fails with ErrMemlock before the
+	// process's pinned memory would pass RLIMIT_MEMLOCK (see registerMR).
+	MaxRegisteredMemory int64
 }
 
 // Budget bounds the resources of the endpoints charged to it. rsock's Listener gives the
@@ -104,16 +120,39 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
+// mailbox is how many bytes of mailbox follow the ring: mailboxSize when rings may be
+// resized, else none (on a device that pins, it costs a page).
+func (o Options) mailbox() int {
+	if o.GrowRingTo != 0 {
+		return mailboxSize
+	}
+	return 0
+}
+
+// firstSendBuffer is the size the staging buffer starts at: SendBufferSize, or, when
+// rings grow, half the first ring (at least 1 KiB), growing up to SendBufferSize as
+// writes need it (conn_resize.go).
+func (o Options) firstSendBuffer() int {
+	if o.GrowRingTo == 0 {
+		return o.SendBufferSize
+	}
+	return min(o.SendBufferSize, max(o.RingSize/2, 1<<10))
+}
+
 func (o Options) validate() error {
 	switch {
 	case o.RingSize < MinRingSize || o.RingSize > MaxRingSize || bits.OnesCount(uint(o.RingSize)) != 1:
 		return fmt.Errorf("ring size %d is not a power of two in [%d, %d]", o.RingSize, MinRingSize, MaxRingSize)
+	case o.GrowRingTo != 0 && (o.GrowRingTo < o.RingSize || o.GrowRingTo > maxGrownRing || bits.OnesCount(uint(o.GrowRingTo)) != 1):
+		return fmt.Errorf("largest ring %d is not a power of two in [%d, %d]", o.GrowRingTo, o.RingSize, maxGrownRing)
 	case o.SendBufferSize < 1024:
 		return fmt.Errorf("send buffer of %d bytes is below 1 KiB", o.SendBufferSize)
 	case o.RecvWQEs < MinRecvWQEs:
 		return fmt.Errorf("%d receive WQEs is below the minimum of %d", o.RecvWQEs, MinRecvWQEs)
 	case o.SendWQEs < 4:
 		return fmt.Errorf("send queue depth %d is below 4", o.SendWQEs)
+	case o.MaxRegisteredMemory < 0:
+		return fmt.Errorf("negative registered-memory budget %d", o.MaxRegisteredMemory)
 	case o.ReadBufferSize > MaxReadBufferSize:
 		return fmt.Errorf("read buffer of %d bytes is above %d", o.ReadBufferSize, MaxReadBufferSize)
 	}
@@ -147,9 +186,12 @@ type Endpoint struct {
 	pd       verbs.PD // this endpoint's own protection domain
 	path     portPath // port and source GID, chosen by the bootstrap connection's local IP
 	poller   *poller
-	entries  int // CQ entries reserved on poller
-	ring     verbs.MR
+	entries  int      // CQ entries reserved on poller
+	ring     verbs.MR // the ring data lands in, with the mailbox after it (see mailboxSize)
+	oldRing  verbs.MR // the ring a switch replaced, while it holds bytes (conn_resize.go)
+	nextRing verbs.MR // the ring announced to the peer, until its switch arrives
 	sendBuf  verbs.MR
+	oldSend  verbs.MR // the staging buffer a larger one replaced, while sends from it are in flight
 	qp       verbs.QP
 	psn      uint32
 	inline   int
@@ -205,11 +247,11 @@ func PrepareContext(ctx context.Context, p verbs.Provider, ip netip.Addr, opts O
 	if ep.pd, err = dev.ctx.AllocPD(); err != nil {
 		return nil, fmt.Errorf("allocate protection domain on %s: %w", dev.attr.Name, err)
 	}
-	if ep.ring, err = ep.regMR(opts.RingSize, verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
-		return nil, fmt.Errorf("register %d-byte receive ring: %w", opts.RingSize, err)
+	if ep.ring, err = ep.registerMR(opts.RingSize+opts.mailbox(), ringAccess, "receive ring"); err != nil {
+		return nil, err
 	}
-	if ep.sendBuf, err = ep.regMR(opts.SendBufferSize, verbs.AccessLocalWrite); err != nil {
-		return nil, fmt.Errorf("register %d-byte send buffer: %w", opts.SendBufferSize, err)
+	if ep.sendBuf, err = ep.registerMR(opts.firstSendBuffer(), verbs.AccessLocalWrite, "send buffer"); err != nil {
+		return nil, err
 	}
 	ep.inline = min(dev.attr.MaxInline, maxInline)
 	ep.qp, err = ep.pd.CreateQP(verbs.QPInitAttr{
@@ -310,14 +352,6 @@ func (ep *Endpoint) regMR(n int, access verbs.AccessFlags) (verbs.MR, error) {
 	return mr, nil
 }
 
-// deregMR deregisters a region regMR registered and refunds its bytes.
-func (ep *Endpoint) deregMR(mr verbs.MR) error {
-	n := len(mr.Bytes())
-	err := mr.Close()
-	ep.refund(0, n)
-	return err
-}
-
 // charge asks the budget, if any, for qps queue pairs and bytes registered bytes.
 func (ep *Endpoint) charge(qps, bytes int) error {
 	if ep.opts.Budget == nil {
@@ -349,13 +383,17 @@ func (ep *Endpoint) release() error {
 		errs = append(errs, ep.qp.Close())
 		ep.qp = nil
 	}
-	if ep.sendBuf != nil {
-		errs = append(errs, ep.deregMR(ep.sendBuf))
-		ep.sendBuf = nil
+	for _, mr := range []*verbs.MR{&ep.sendBuf, &ep.oldSend} {
+		if *mr != nil {
+			errs = append(errs, (*mr).Close())
+			*mr = nil
+		}
 	}
-	if ep.ring != nil {
-		errs = append(errs, ep.deregMR(ep.ring))
-		ep.ring = nil
+	for _, mr := range []*verbs.MR{&ep.ring, &ep.oldRing, &ep.nextRing} {
+		if *mr != nil {
+			errs = append(errs, (*mr).Close())
+			*mr = nil
+		}
 	}
 	if ep.pd != nil {
 		errs = append(errs, ep.pd.Close())

@@ -1,0 +1,16 @@
+# mem.sh: registered memory against the kernel's limits (busybox sh, sourced by /init).
+#
+# mem_memlock: rsock's TestMemlockFallback over rdma-core on rxe. The test binary runs
+# itself again as the user nobody (no CAP_IPC_LOCK) with RLIMIT_MEMLOCK at 128 KiB, the
+# `ulimit -l 128` of a small container: connections fall back to TCP with a reason that
+# names RLIMIT_MEMLOCK and the figures, both when rsock's own check stops them and when
+# the kernel's ENOMEM does (memory pinned outside rsock), and the bytes still flow.
+#
+# mem_ring_growth: the engine's TestRingGrows over rdma-core on rxe: rings that start at
+# 4 KiB grow to 64 KiB under a stream (flowctl's resize and switch, the new ring's
+# description through the peer's mailbox), both ways at once, every byte checked, the
+# replaced rings deregistered.
+mem_steps() {
+  go_step mem_memlock rsock rsock '^TestMemlockFallback$'
+  go_step mem_ring_growth rsock/internal/rdma rdma '^TestRingGrows$'
+}

@@ -1,0 +1,184 @@
+package rdma
+
+import (
+	"fmt"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/soft"
+)
+
+// pinningProvider is soft made to look like a provider that pins what it registers,
+// and, when enomem is set, whose registrations fail with the kernel's ENOMEM.
+type pinningProvider struct {
+	*soft.Fabric
+	enomem bool
+}
+
+func (p *pinningProvider) PinsMemory() bool { return true }
+
+func (p *pinningProvider) Open(name string) (verbs.Context, error) {
+	c, err := p.Fabric.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	return enomemContext{Context: c, enomem: p.enomem}, nil
+}
+
+type enomemContext struct {
+	verbs.Context
+	enomem bool
+}
+
+func (c enomemContext) AllocPD() (verbs.PD, error) {
+	pd, err := c.Context.AllocPD()
+	if err != nil {
+		return nil, err
+	}
+	return enomemPD{PD: pd, enomem: c.enomem}, nil
+}
+
+type enomemPD struct {
+	verbs.PD
+	enomem bool
+}
+
+func (p enomemPD) RegMR(n int, access verbs.AccessFlags) (verbs.MR, error) {
+	if p.enomem {
+		// As verbs/ibv words it: the class error, unwrapping to the errno.
+		return nil, fmt.Errorf("ibv: reg mr of %d bytes: %w: %w", n, verbs.ErrNoResources, syscall.ENOMEM)
+	}
+	return p.PD.RegMR(n, access)
+}
+
+// setMemlock makes the engine see an RLIMIT_MEMLOCK of limit bytes for the test.
+func setMemlock(t *testing.T, limit uint64, binds bool) {
+	old := memlockLimit
+	memlockLimit = func() (uint64, bool) { return limit, binds }
+	t.Cleanup(func() { memlockLimit = old })
+}
+
+// registeredOn is what the engine counts as registered on ep's device.
+func registeredOn(ep *Endpoint) int64 {
+	registered.Lock()
+	defer registered.Unlock()
+	return registered.byDevice[ep.dev]
+}
+
+// TestRegisteredMemoryLimits prepares endpoints until a limit stops them: the budget
+// of Options.MaxRegisteredMemory on any provider, RLIMIT_MEMLOCK on a provider that
+// pins (and not when the limit does not bind). The failure names the limit and the
+// figures; Abort gives the memory back, so the next Prepare fits again.
+func TestRegisteredMemoryLimits(t *testing.T) {
+	const perConn = 16<<10 + 8<<10 // ring + send buffer
+	opts := Options{RingSize: 16 << 10, SendBufferSize: 8 << 10}
+	tests := []struct {
+		name     string
+		pins     bool
+		budget   int64
+		memlock  uint64
+		binds    bool
+		fit      int    // endpoints that fit
+		wantErr  error  // the next one's
+		wantText string // in its message
+	}{
+		{"budget", false, 3 * perConn, 0, false, 3, ErrMemoryBudget, "over the budget of 73728 (MaxRegisteredMemory)"},
+		{"budget not a multiple", false, 3*perConn + 100, 0, false, 3, ErrMemoryBudget, "would make 90112, over the budget of 73828"},
+		{"memlock", true, 0, 2 * perConn, true, 2, ErrMemlock, "over RLIMIT_MEMLOCK of 49152; raise it (ulimit -l"},
+		{"memlock and a larger budget", true, 10 * perConn, 2 * perConn, true, 2, ErrMemlock, "would pin 65536, over RLIMIT_MEMLOCK"},
+		{"budget below memlock", true, perConn, 10 * perConn, true, 1, ErrMemoryBudget, "over the budget of 24576"},
+		{"memlock with CAP_IPC_LOCK", true, 4 * perConn, perConn, false, 4, ErrMemoryBudget, "over the budget"},
+		{"memlock ignored without pinning", false, 2 * perConn, perConn, true, 2, ErrMemoryBudget, "over the budget"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			setMemlock(t, tt.memlock, tt.binds)
+			f := soft.New(soft.Options{})
+			var p verbs.Provider = f
+			if tt.pins {
+				p = &pinningProvider{Fabric: f}
+			}
+			o := opts
+			o.MaxRegisteredMemory = tt.budget
+			_, pinned0 := RegisteredMemory()
+			var eps []*Endpoint
+			t.Cleanup(func() {
+				for _, ep := range eps {
+					ep.Abort()
+				}
+			})
+			for range tt.fit {
+				ep, err := Prepare(p, loopback, o)
+				require.NoError(t, err)
+				eps = append(eps, ep)
+			}
+			dev := eps[0].dev
+			require.EqualValues(t, tt.fit*perConn, registeredOn(eps[0]))
+			_, err := Prepare(p, loopback, o)
+			require.ErrorIs(t, err, tt.wantErr)
+			require.Contains(t, err.Error(), tt.wantText)
+			require.EqualValues(t, tt.fit*perConn, registeredOn(eps[0]), "a refused endpoint holds nothing")
+
+			require.NoError(t, eps[0].Abort())
+			ep, err := Prepare(p, loopback, o)
+			require.NoError(t, err, "room again after Abort")
+			eps[0] = ep
+			for _, ep := range eps {
+				require.NoError(t, ep.Abort())
+			}
+			eps = nil
+			requireReleased(t, f)
+			registered.Lock()
+			_, left := registered.byDevice[dev]
+			registered.Unlock()
+			_, pinned := RegisteredMemory()
+			require.False(t, left, "registrations left on the device")
+			require.Equal(t, pinned0, pinned, "pinned bytes back to the baseline")
+		})
+	}
+}
+
+// TestMemlockENOMEM maps the kernel's ENOMEM from a registration to a reason that names
+// RLIMIT_MEMLOCK and the fix, where verbs/ibv's text names neither.
+func TestMemlockENOMEM(t *testing.T) {
+	for _, binds := range []bool{true, false} {
+		t.Run(fmt.Sprint("binds=", binds), func(t *testing.T) {
+			setMemlock(t, 64<<20, binds)
+			f := soft.New(soft.Options{})
+			_, err := Prepare(&pinningProvider{Fabric: f, enomem: true}, loopback, Options{})
+			require.ErrorIs(t, err, ErrMemlock)
+			require.ErrorIs(t, err, syscall.ENOMEM)
+			require.Contains(t, err.Error(), "register 131072-byte receive ring")
+			want := "RLIMIT_MEMLOCK unlimited"
+			if binds {
+				want = "RLIMIT_MEMLOCK 67108864"
+			}
+			require.Contains(t, err.Error(), want)
+			require.Contains(t, err.Error(), "raise it (ulimit -l")
+			requireReleased(t, f)
+		})
+	}
+}
+
+// TestCapEffHas reads CAP_IPC_LOCK out of /proc/self/status texts.
+func TestCapEffHas(t *testing.T) {
+	tests := []struct {
+		status string
+		want   bool
+	}{
+		{"Name:\tx\nCapInh:\t0000000000000000\nCapEff:\t000001ffffffffff\n", true},
+		{"CapEff:\t0000000000004000\n", true},
+		{"CapEff:\t0000000000000000\n", false},
+		{"CapPrm:\t0000000000004000\nCapEff:\t0000000000000000\n", false},
+		{"CapEff:\tnot hex\n", false},
+		{"Name:\tno caps line\n", false},
+		{"", false},
+	}
+	for _, tt := range tests {
+		require.Equal(t, tt.want, capEffHas(strings.NewReader(tt.status), capIPCLock), "%q", tt.status)
+	}
+}

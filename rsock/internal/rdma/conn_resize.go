@@ -1,0 +1,209 @@
+package rdma
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/rsockio/rsock/flowctl"
+	"github.com/rsockio/rsock/verbs"
+)
+
+// This file is the engine's side of flowctl's ring resize ("Resizing the ring" in
+// flowctl's package docs; "Rings that grow" in this package's): registering a new ring
+// and announcing it, reading the peer's announcement out of the mailbox, moving writes
+// to the peer's new ring at our switch, and reads to our new ring at the peer's.
+
+const (
+	// mailboxSize bytes follow every ring in its memory region: the peer writes its
+	// resize's payload at mailboxIn, and a ring's own description waits at mailboxOut
+	// to be sent in the resize that announces it. flowctl allows one resize under way
+	// per direction, so neither slot is ever needed twice at once.
+	mailboxSize = 64
+	mailboxIn   = 0
+	mailboxOut  = 16
+	// maxGrownRing is the largest ring a resize may name: above 512 KiB, ring credit
+	// comes in units of more than a byte, and flowctl resizes only within one unit.
+	maxGrownRing = 512 << 10
+	// growFactor is how much a ring or a staging buffer grows at a time.
+	growFactor = 4
+	// growAfter is how many times a ring's worth of data passes through it before it
+	// grows, if the peer never filled it.
+	growAfter = 4
+)
+
+// ringAccess is how rings are registered: the peer writes them.
+const ringAccess = verbs.AccessLocalWrite | verbs.AccessRemoteWrite
+
+// putRingDesc writes the payload of a resize: where the new ring is (address and key)
+// and its size, which the resize's immediate names too.
+func putRingDesc(b []byte, addr uint64, rkey, size uint32) {
+	binary.LittleEndian.PutUint64(b[0:], addr)
+	binary.LittleEndian.PutUint32(b[8:], rkey)
+	binary.LittleEndian.PutUint32(b[12:], size)
+}
+
+// parseRingDesc reads what putRingDesc wrote.
+func parseRingDesc(b []byte) (addr uint64, rkey, size uint32) {
+	return binary.LittleEndian.Uint64(b[0:]), binary.LittleEndian.Uint32(b[8:]), binary.LittleEndian.Uint32(b[12:])
+}
+
+// maybeGrowLocked grows the ring after a data arrival of n bytes when the peer holds
+// three quarters of it or more (buffered, or consumed and not yet credited), or when
+// the ring has turned over growAfter times since it became current: either way the
+// stream is busy, and a larger ring lets more of it be in flight. Called with mu held.
+func (c *Conn) maybeGrowLocked(n int) {
+	c.turnover += uint64(n)
+	ring := c.fc.RingSize()
+	if c.growTo <= ring || c.fc.Resizing() || c.fc.OldRing() || c.fc.PeerClosed() || c.closing || c.err != nil {
+		return
+	}
+	if 4*c.fc.Held() < 3*ring && c.turnover < growAfter*uint64(ring) {
+		return
+	}
+	c.resizeLocked(min(ring*growFactor, c.growTo))
+}
+
+// idleShrinkLocked shrinks a grown ring back to its first size when no data arrived
+// since the last keepalive tick and nothing is buffered. Called with mu held, from the
+// keepalive timer.
+func (c *Conn) idleShrinkLocked() {
+	arrived := c.dataArrivals
+	idle := arrived == c.arrivalsAtTick
+	c.arrivalsAtTick = arrived
+	if !idle || c.growTo == 0 {
+		return
+	}
+	first := c.ep.opts.RingSize
+	if c.fc.RingSize() <= first || c.fc.Buffered() != 0 ||
+		c.fc.Resizing() || c.fc.OldRing() || c.fc.PeerClosed() || c.closing || c.err != nil {
+		return
+	}
+	c.resizeLocked(first)
+	c.postControlLocked()
+}
+
+// resizeLocked registers a ring of size bytes (and its mailbox), writes its description
+// where the resize will carry it from, and asks flowctl to announce it; the caller posts
+// control messages next. A ring that cannot be registered (the budget, RLIMIT_MEMLOCK)
+// stops growth for good, and the connection goes on with the ring it has.
+func (c *Conn) resizeLocked(size int) {
+	mr, err := c.ep.registerMR(size+mailboxSize, ringAccess, "receive ring")
+	if err == nil {
+		if err = c.fc.Resize(size); err != nil {
+			mr.Close()
+		}
+	}
+	if err != nil {
+		c.growTo, c.growErr = 0, err
+		return
+	}
+	putRingDesc(mr.Bytes()[size+mailboxOut:], mr.Addr(), mr.RKey(), uint32(size))
+	c.ep.nextRing, c.nextRingSize = mr, size
+	c.turnover = 0
+}
+
+// fillResizeWR prepares c.wrs[0] to carry the resize m: the new ring's description,
+// from behind that ring, into the mailbox behind the peer's ring.
+func (c *Conn) fillResizeWR(m flowctl.Msg) {
+	wr := &c.wrs[0]
+	wr.Opcode = verbs.OpRDMAWriteWithImm
+	wr.Imm = m.Imm
+	wr.RemoteAddr = c.peerRingAddr + uint64(c.fc.PeerRingSize()) + mailboxIn
+	wr.RKey = c.peerRKey
+	wr.Flags = 0
+	mr := c.ep.nextRing
+	c.sges[0][0] = verbs.SGE{Addr: mr.Addr() + uint64(c.nextRingSize) + mailboxOut, Length: uint32(m.Len), LKey: mr.LKey()}
+	wr.SGL = c.sges[0][:]
+	if m.Len <= c.inline {
+		wr.Flags |= verbs.SendInline
+	}
+}
+
+// onResizeLocked reads the peer's new ring out of our mailbox when its resize arrives,
+// before anything else can arrive there; our writes move to it at our switch.
+func (c *Conn) onResizeLocked(byteLen, imm uint32) error {
+	m, err := flowctl.DecodeImm(imm, byteLen) // OnArrival accepted it
+	if err != nil {
+		return err
+	}
+	ring := c.fc.RingSize()
+	addr, rkey, size := parseRingDesc(c.ep.ring.Bytes()[ring+mailboxIn:])
+	if size != 1<<m.RingLog2 {
+		return fmt.Errorf("%w: resize to %d bytes describes a ring of %d", ErrProtocol, 1<<m.RingLog2, size)
+	}
+	c.peerNextAddr, c.peerNextRKey = addr, rkey
+	return nil
+}
+
+// onSwitchLocked makes the announced ring ours once the peer's switch arrives: data
+// lands there from now on. The old ring stays while it holds bytes (Unread names them
+// there); freeOldRingLocked lets it go.
+func (c *Conn) onSwitchLocked() {
+	old, oldSize := c.ep.ring, len(c.ring)
+	c.ep.ring, c.ep.nextRing = c.ep.nextRing, nil
+	c.ring = c.ep.ring.Bytes()[:c.fc.RingSize()]
+	c.ringSwitches++
+	if c.fc.OldRing() {
+		c.ep.oldRing, c.oldRing = old, old.Bytes()[:oldSize]
+		return
+	}
+	// Nothing unread in it, so no Read is copying from it.
+	if err := old.Close(); err != nil {
+		c.failLocked(fmt.Errorf("%w: free the old ring: %w", ErrQPFailed, err))
+	}
+}
+
+// freeOldRingLocked frees the old ring once its last byte is consumed.
+func (c *Conn) freeOldRingLocked() {
+	if c.oldRing == nil || c.fc.OldRing() {
+		return
+	}
+	err := c.ep.oldRing.Close()
+	c.ep.oldRing, c.oldRing = nil, nil
+	if err != nil {
+		c.failLocked(fmt.Errorf("%w: free the old ring: %w", ErrQPFailed, err))
+	}
+}
+
+// readRingLocked is the memory Unread's pieces are in: the old ring while it holds
+// bytes, else the current one.
+func (c *Conn) readRingLocked() []byte {
+	if c.fc.OldRing() {
+		return c.oldRing
+	}
+	return c.ring
+}
+
+// growStageLocked replaces the staging buffer by one four times larger (up to
+// SendBufferSize) when staging, not credit, limits a write. Sends still in flight from
+// the old buffer keep it until they complete (freeOldStageLocked); the new one starts
+// empty, at the cursor where the old one ended, so the cursors stay monotonic. A buffer
+// that cannot be registered stops growth; writes go on with the old one. Called with mu
+// held, by a writer (wmu held: nobody reads into staging outside mu meanwhile).
+func (c *Conn) growStageLocked() {
+	size := min(len(c.stage)*growFactor, c.stageMax)
+	mr, err := c.ep.registerMR(size, verbs.AccessLocalWrite, "send buffer")
+	if err != nil {
+		c.stageMax, c.growErr = len(c.stage), err
+		return
+	}
+	c.ep.oldSend, c.ep.sendBuf = c.ep.sendBuf, mr
+	c.stage, c.stageKey, c.stageAddr = mr.Bytes(), mr.LKey(), mr.Addr()
+	c.stageHead = c.stageTail
+	c.oldStageUntil = c.sqPosted
+	c.maxChunk = max(size/4, 1)
+	c.freeOldStageLocked()
+}
+
+// freeOldStageLocked frees the replaced staging buffer once no send from it is in
+// flight.
+func (c *Conn) freeOldStageLocked() {
+	if c.ep == nil || c.ep.oldSend == nil || c.sqDone < c.oldStageUntil {
+		return
+	}
+	err := c.ep.oldSend.Close()
+	c.ep.oldSend = nil
+	if err != nil {
+		c.failLocked(fmt.Errorf("%w: free the old send buffer: %w", ErrQPFailed, err))
+	}
+}

@@ -1,0 +1,233 @@
+package rdma
+
+import (
+	"bytes"
+	"io"
+	"math/rand/v2"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/auto"
+	"github.com/rsockio/rsock/verbs/soft"
+)
+
+// payload is n bytes of a seeded random stream.
+func payload(n int, seed byte) []byte {
+	b := make([]byte, n)
+	rand.NewChaCha8([32]byte{seed}).Read(b)
+	return b
+}
+
+// sendAll writes p in chunks of random sizes up to max, on its own goroutine, and
+// reads it back on the other side, checking every byte.
+func sendAll(t *testing.T, w, r *Conn, p []byte, maxChunk int, seed uint64) {
+	t.Helper()
+	var wg sync.WaitGroup
+	var werr error
+	wg.Go(func() {
+		rng := rand.New(rand.NewPCG(seed, 1))
+		for off := 0; off < len(p); {
+			n := min(1+rng.IntN(maxChunk), len(p)-off)
+			if _, werr = w.Write(p[off : off+n]); werr != nil {
+				return
+			}
+			off += n
+		}
+	})
+	got := make([]byte, len(p))
+	_, err := io.ReadFull(r, got)
+	wg.Wait()
+	require.NoError(t, werr)
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(p, got), "bytes differ")
+}
+
+// ringState is a Conn's ring as its flow control and engine see it.
+type ringState struct {
+	size, switches int
+	old            bool // an old ring is still held
+	growErr        error
+}
+
+func ringOf(c *Conn) ringState {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return ringState{size: c.fc.RingSize(), switches: int(c.ringSwitches), old: c.oldRing != nil || c.ep.oldRing != nil, growErr: c.growErr}
+}
+
+// pingPong sends a byte each way and reads it: every message either side posted before
+// has then been reaped by the other (a connection delivers in order), so a resize and
+// the switch answering it are done.
+func pingPong(t *testing.T, a, b *Conn) {
+	t.Helper()
+	for _, pair := range [][2]*Conn{{b, a}, {a, b}} {
+		_, err := pair[0].Write([]byte{'p'})
+		require.NoError(t, err)
+		_, err = io.ReadFull(pair[1], make([]byte, 1))
+		require.NoError(t, err)
+	}
+}
+
+// TestRingGrows streams through rings that start at 4 KiB and may grow to 64 KiB, one
+// way and both ways at once: the receiving rings grow (4 to 16 to 64 KiB) and the
+// writers' staging buffers (2 to 8 to 16 KiB), every byte arrives in order, the replaced
+// rings and buffers are freed, and what the device holds is what the grown ones need.
+// It runs on soft and, where this build has one and the machine a device (built with
+// -tags rdma, in the Soft-RoCE VM), on the default provider.
+func TestRingGrows(t *testing.T) {
+	const size = 4 << 20
+	opts := Options{RingSize: 4 << 10, GrowRingTo: 64 << 10, SendBufferSize: 16 << 10}
+	perEnd := func(ring, stage int) int64 { return int64(ring + mailboxSize + stage) }
+	type prov struct {
+		name string
+		p    verbs.Provider
+		f    *soft.Fabric // for the release check, or nil
+	}
+	provs := []prov{{"soft", nil, nil}}
+	if p, err := auto.Default(); err == nil {
+		provs = append(provs, prov{"default-" + p.Name(), p, nil})
+	} else {
+		t.Logf("no default provider here, soft only: %v", err)
+	}
+	for _, pv := range provs {
+		fresh := func() prov {
+			if pv.p != nil {
+				return pv
+			}
+			f := soft.New(soft.Options{})
+			return prov{pv.name, f, f}
+		}
+		released := func(t *testing.T, pv prov) {
+			if pv.f != nil {
+				requireReleased(t, pv.f)
+			}
+		}
+		t.Run(pv.name+"/one way", func(t *testing.T) {
+			pv := fresh()
+			before, _ := RegisteredMemory() // the process's, over every device
+			a, b := connPair(t, pv.p, opts)
+			require.Equal(t, ringState{size: 4 << 10}, ringOf(b))
+			sendAll(t, a, b, payload(size, 1), 32<<10, 1)
+			require.Equal(t, ringState{size: 64 << 10, switches: 2}, ringOf(b))
+			require.Equal(t, ringState{size: 4 << 10}, ringOf(a), "a received nothing but credit")
+			// The writer's staging grew (2 KiB, 8, 16), the reader's did not.
+			after, _ := RegisteredMemory()
+			require.Equal(t, perEnd(4<<10, 16<<10)+perEnd(64<<10, 2<<10), after-before, "registered: both ends' grown memory, nothing replaced")
+			require.NoError(t, a.Close())
+			require.NoError(t, b.Close())
+			released(t, pv)
+		})
+		t.Run(pv.name+"/both ways", func(t *testing.T) {
+			pv := fresh()
+			a, b := connPair(t, pv.p, opts)
+			var wg sync.WaitGroup
+			wg.Go(func() { sendAll(t, a, b, payload(size, 2), 20<<10, 2) })
+			sendAll(t, b, a, payload(size, 3), 20<<10, 3)
+			wg.Wait()
+			for _, c := range []*Conn{a, b} {
+				r := ringOf(c)
+				require.Equal(t, 64<<10, r.size)
+				require.False(t, r.old, "old ring freed")
+			}
+			require.NoError(t, a.Close())
+			require.NoError(t, b.Close())
+			released(t, pv)
+		})
+	}
+}
+
+// TestRingShrinksWhenIdle: a grown ring goes back to its first size at the second
+// keepalive tick without data, and the stream goes on through it.
+func TestRingShrinksWhenIdle(t *testing.T) {
+	f := soft.New(soft.Options{})
+	a, b := connPair(t, f, Options{RingSize: 4 << 10, GrowRingTo: 16 << 10})
+	sendAll(t, a, b, payload(1<<20, 4), 8<<10, 4)
+	require.Equal(t, 16<<10, ringOf(b).size)
+	tick := func() {
+		b.mu.Lock()
+		b.idleShrinkLocked()
+		b.mu.Unlock()
+	}
+	tick() // data arrived since the last tick: no shrink
+	pingPong(t, a, b)
+	require.Equal(t, 16<<10, ringOf(b).size)
+	tick() // the ping arrived since
+	tick() // idle now: shrink
+	pingPong(t, a, b)
+	require.Equal(t, ringState{size: 4 << 10, switches: 2}, ringOf(b))
+	sendAll(t, a, b, payload(256<<10, 5), 3<<10, 5)
+	require.Equal(t, 16<<10, ringOf(b).size, "grown again")
+	require.NoError(t, a.Close())
+	require.NoError(t, b.Close())
+	requireReleased(t, f)
+}
+
+// TestRingGrowsWhileNotRead: the reader does not read while 1 MiB arrives; the ring
+// grows with its old bytes still unread, and the spill takes them out of the old ring
+// before the new: everything is read back in order.
+func TestRingGrowsWhileNotRead(t *testing.T) {
+	f := soft.New(soft.Options{})
+	a, b := connPair(t, f, Options{RingSize: 4 << 10, GrowRingTo: 64 << 10})
+	p := payload(1<<20, 6)
+	_, err := a.Write(p) // returns once the peer has buffered (spilled) it all
+	require.NoError(t, err)
+	got := make([]byte, len(p))
+	_, err = io.ReadFull(b, got)
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(p, got), "bytes differ")
+	r := ringOf(b)
+	require.Equal(t, 64<<10, r.size)
+	require.False(t, r.old)
+	require.NoError(t, a.Close())
+	require.NoError(t, b.Close())
+	requireReleased(t, f)
+}
+
+// TestRingGrowthOverBudget: a ring that would pass MaxRegisteredMemory is not grown;
+// the connection goes on with the ring it has, and says why.
+func TestRingGrowthOverBudget(t *testing.T) {
+	f := soft.New(soft.Options{})
+	opts := Options{RingSize: 4 << 10, GrowRingTo: 64 << 10, SendBufferSize: 4 << 10}
+	opts.MaxRegisteredMemory = 2*int64(opts.RingSize+mailboxSize+opts.SendBufferSize) + 20<<10 // room for one 16 KiB ring
+	a, b := connPair(t, f, opts)
+	sendAll(t, a, b, payload(2<<20, 7), 16<<10, 7)
+	r := ringOf(b)
+	require.Equal(t, 16<<10, r.size, "grown once, not to 64 KiB")
+	require.ErrorIs(t, r.growErr, ErrMemoryBudget)
+	require.NoError(t, a.Close())
+	require.NoError(t, b.Close())
+	requireReleased(t, f)
+}
+
+// TestGrowRingToValidated: the largest ring must be a power of two from RingSize to
+// 512 KiB.
+func TestGrowRingToValidated(t *testing.T) {
+	tests := []struct {
+		ring, grow int
+		ok         bool
+	}{
+		{4 << 10, 0, true},
+		{4 << 10, 4 << 10, true},
+		{4 << 10, 512 << 10, true},
+		{4 << 10, 1 << 20, false},
+		{16 << 10, 8 << 10, false},
+		{4 << 10, 48 << 10, false},
+	}
+	for _, tt := range tests {
+		err := Options{RingSize: tt.ring, GrowRingTo: tt.grow}.withDefaults().validate()
+		require.Equal(t, tt.ok, err == nil, "ring %d, grow to %d: %v", tt.ring, tt.grow, err)
+	}
+}
+
+// TestRingDescRoundTrip: the resize's payload reads back as written.
+func TestRingDescRoundTrip(t *testing.T) {
+	b := make([]byte, mailboxSize)
+	putRingDesc(b[mailboxOut:], 0x1122334455667788, 0xdeadbeef, 64<<10)
+	addr, rkey, size := parseRingDesc(b[mailboxOut:])
+	require.Equal(t, uint64(0x1122334455667788), addr)
+	require.Equal(t, uint32(0xdeadbeef), rkey)
+	require.Equal(t, uint32(64<<10), size)
+}

@@ -1,0 +1,152 @@
+package rsock
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/soft"
+)
+
+// memlockChildEnv marks the child process TestMemlockFallback runs itself in.
+const memlockChildEnv = "RSOCK_TEST_MEMLOCK_CHILD"
+
+// memlockLimit is the RLIMIT_MEMLOCK of the child: `ulimit -l 128`, what a small
+// container or an old distribution gives an unprivileged user.
+const memlockLimit = 128 << 10
+
+// TestMemlockFallback runs, in a child process of its own with RLIMIT_MEMLOCK lowered
+// to 128 KiB and, when started as root, as the unprivileged user nobody (so without
+// CAP_IPC_LOCK), connections whose registered memory the limit cannot hold. On a device
+// that pins (the default provider, rdma-core, in the Soft-RoCE VM) they fall back to TCP
+// with a reason that names RLIMIT_MEMLOCK and its figures: before registering when the
+// connection's own memory is over the limit, and from the kernel's ENOMEM when memory
+// pinned outside rsock leaves too little. Where there is no default provider, the same
+// connections fall back for that reason. On soft, which pins nothing, the limit does not
+// apply and the connection uses RDMA. Every connection echoes both ways.
+func TestMemlockFallback(t *testing.T) {
+	if os.Getenv(memlockChildEnv) != "1" {
+		runMemlockChild(t)
+		return
+	}
+	require.NoError(t, unix.Setrlimit(unix.RLIMIT_MEMLOCK, &unix.Rlimit{Cur: memlockLimit, Max: memlockLimit}))
+	if os.Geteuid() == 0 {
+		// nobody; Setgid first, while still allowed. Go applies both to every thread.
+		require.NoError(t, syscall.Setgid(65534))
+		require.NoError(t, syscall.Setuid(65534))
+	}
+	require.NotZero(t, os.Geteuid(), "still root")
+
+	p, noDefault := defaultProvider()
+	t.Run("default provider", func(t *testing.T) {
+		scfg, ccfg := configs(t, FallbackTCP)
+		ln := listen(t, scfg)
+		c, s := pipe(t, ln, ccfg)
+		defer c.Close()
+		defer s.Close()
+		require.Equal(t, TransportTCP, c.Transport())
+		if noDefault != nil {
+			t.Logf("no default provider here (%v): the fallback is for that", noDefault)
+			require.ErrorIs(t, c.FallbackReason(), ErrNoProvider)
+		} else {
+			why := requireMemlockReason(t, c, s)
+			require.ErrorContains(t, why, fmt.Sprintf("over RLIMIT_MEMLOCK of %d; raise it", memlockLimit))
+		}
+		requireEcho(t, c, s)
+	})
+	t.Run("default provider, memory pinned outside rsock", func(t *testing.T) {
+		scfg, ccfg := configs(t, FallbackTCP)
+		// Small enough for rsock's own check, too much for what the kernel has left.
+		for _, cfg := range []*Config{scfg, ccfg} {
+			cfg.RingSize, cfg.SendBufferSize = 16<<10, 8<<10
+		}
+		if noDefault == nil {
+			release := pinOutside(t, p, memlockLimit-16<<10)
+			defer release()
+		}
+		ln := listen(t, scfg)
+		c, s := pipe(t, ln, ccfg)
+		defer c.Close()
+		defer s.Close()
+		require.Equal(t, TransportTCP, c.Transport())
+		if noDefault != nil {
+			require.ErrorIs(t, c.FallbackReason(), ErrNoProvider)
+		} else {
+			why := requireMemlockReason(t, c, s)
+			require.ErrorIs(t, why, syscall.ENOMEM)
+			require.ErrorContains(t, why, fmt.Sprintf("RLIMIT_MEMLOCK %d", memlockLimit))
+		}
+		requireEcho(t, c, s)
+	})
+	t.Run("soft pins nothing", func(t *testing.T) {
+		fab := soft.New(soft.Options{})
+		scfg, ccfg := rdmaConfigs(t, FallbackTCP, fab)
+		ln := listen(t, scfg)
+		c, s := pipe(t, ln, ccfg)
+		require.Equal(t, TransportRDMA, c.Transport(), "%v", c.FallbackReason())
+		requireEcho(t, c, s)
+		c.Close()
+		s.Close()
+		ln.Close()
+		requireReleased(t, fab)
+	})
+}
+
+// requireMemlockReason checks that the client's connection, or the server's, fell back
+// for RLIMIT_MEMLOCK, and returns that side's reason.
+func requireMemlockReason(t *testing.T, c, s *Conn) error {
+	t.Helper()
+	for _, why := range []error{c.FallbackReason(), s.FallbackReason()} {
+		var fe *FallbackError
+		if errors.As(why, &fe) && !fe.Peer && errors.Is(why, ErrMemlock) {
+			require.ErrorIs(t, why, ErrResourcesExhausted)
+			t.Logf("reason: %v", why)
+			return why
+		}
+	}
+	t.Fatalf("no side fell back for RLIMIT_MEMLOCK: client %v; server %v", c.FallbackReason(), s.FallbackReason())
+	return nil
+}
+
+// pinOutside registers n bytes on p's first device behind rsock's back, as another
+// library of the process might, and returns what releases them.
+func pinOutside(t *testing.T, p verbs.Provider, n int) func() {
+	devs, err := p.Devices()
+	require.NoError(t, err)
+	require.NotEmpty(t, devs)
+	ctx, err := p.Open(devs[0].Name)
+	require.NoError(t, err)
+	pd, err := ctx.AllocPD()
+	require.NoError(t, err)
+	mr, err := pd.RegMR(n, verbs.AccessLocalWrite)
+	require.NoError(t, err, "pinning %d bytes under RLIMIT_MEMLOCK of %d", n, memlockLimit)
+	return func() {
+		mr.Close()
+		pd.Close()
+		ctx.Close()
+	}
+}
+
+// runMemlockChild runs TestMemlockFallback again in a child process, which lowers its
+// own RLIMIT_MEMLOCK and gives up root: neither can be undone in this process.
+func runMemlockChild(t *testing.T) {
+	args := []string{"-test.run=^TestMemlockFallback$", "-test.v", "-test.count=1"}
+	if d, ok := t.Deadline(); ok {
+		args = append(args, "-test.timeout="+time.Until(d).Round(time.Second).String())
+	}
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), memlockChildEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	t.Logf("child:\n%s", out)
+	require.NoError(t, err)
+	require.True(t, strings.Contains(string(out), "--- PASS: TestMemlockFallback"), "the child ran the test")
+}
