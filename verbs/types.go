@@ -138,7 +138,9 @@ type DeviceAttr struct {
 	MaxMR     int    // maximum number of MRs
 	MaxMRSize uint64 // largest registrable region
 	MaxInline int    // largest inline payload a QP can be created with
-	Ports     []PortAttr
+	// NumCompVectors is how many completion vectors CreateCQ may name (at least 1).
+	NumCompVectors int
+	Ports          []PortAttr
 }
 
 // PortAttr describes a device port (a subset of ibv_port_attr plus its GID table).

@@ -107,6 +107,8 @@ type device struct {
 	nQP, nCQ, nMR atomic.Int64 // live counts checked against the limits
 
 	stats devStats
+
+	events eventHub // async events: contexts to tell, port states (events.go)
 }
 
 // devStats are a device's traffic counters; see [Stats].
@@ -214,14 +216,18 @@ func (f *Fabric) Open(name string) (verbs.Context, error) {
 		return nil, fmt.Errorf("soft: open %q: %w", name, err)
 	}
 	f.live.contexts.Add(1)
-	return &Context{dev: d}, nil
+	c := &Context{dev: d}
+	d.events.add(c)
+	return c, nil
 }
 
 func (d *device) attrCopy() verbs.DeviceAttr {
 	a := d.attr
+	a.NumCompVectors = compVectors
 	a.Ports = make([]verbs.PortAttr, len(d.attr.Ports))
 	for i, p := range d.attr.Ports {
 		p.GIDs = append([]verbs.GIDEntry(nil), p.GIDs...)
+		p.State = d.events.portState(p.Num, p.State)
 		a.Ports[i] = p
 	}
 	return a

@@ -268,7 +268,9 @@ func (d *device) pollerFor(entries, cqSize, spin int) (*poller, error) {
 	if max := d.attr.MaxCQE; max > 0 && cqSize > max {
 		cqSize = max
 	}
-	p, err := newPoller(d.ctx, cqSize, spin)
+	// Round-robin over the completion vectors, so that the CQs' interrupts (and the
+	// pollers they wake) spread over the CPUs the device spreads its vectors over.
+	p, err := newPoller(d.ctx, cqSize, spin, len(d.pollers)%max(d.attr.NumCompVectors, 1))
 	if err != nil {
 		return nil, err
 	}
