@@ -37,6 +37,8 @@ type device struct {
 	mu      sync.Mutex
 	conns   int // endpoints admitted
 	pollers []*poller
+
+	events deviceEvents // the async event listener (events.go)
 }
 
 // portPath is where one connection leaves its device: the port and the source GID
@@ -102,7 +104,7 @@ func acquireDevice(ctx context.Context, p verbs.Provider, ip netip.Addr) (*devic
 
 	devices.Lock()
 	d := devices.open[key]
-	if d == nil {
+	if d == nil || d.events.fatal.Load() {
 		d = &device{key: key, attr: devAttr, ready: make(chan struct{})}
 		devices.open[key] = d
 		go d.open(p)
@@ -140,6 +142,9 @@ func (d *device) open(p verbs.Provider) {
 	abandoned := err == nil && d.refs == 0
 	if (err != nil || abandoned) && devices.open[d.key] == d {
 		delete(devices.open, d.key)
+	}
+	if err == nil && !abandoned {
+		d.events.start(d)
 	}
 	close(d.ready)
 	devices.Unlock()
@@ -239,6 +244,7 @@ func (d *device) release() error {
 	// Closing under the lock keeps a new acquireDevice from opening the same device
 	// while this one is being torn down.
 	defer devices.Unlock()
+	d.events.stop()
 	d.mu.Lock()
 	pollers := d.pollers
 	d.pollers = nil

@@ -145,6 +145,17 @@ func (p *poller) detach(qpn uint32) {
 	}
 }
 
+// handlerList returns the handlers attached now.
+func (p *poller) handlerList() []completionHandler {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	hs := make([]completionHandler, 0, len(p.handlers))
+	for _, h := range p.handlers {
+		hs = append(hs, h)
+	}
+	return hs
+}
+
 // close destroys the CQ and channel. The poller must be idle.
 func (p *poller) close() error {
 	return errors.Join(p.cq.Close(), p.ch.Close())
