@@ -83,6 +83,11 @@ type Conn struct {
 	ctrlDone   chan struct{} // the control reader has exited
 	keepalive  *time.Timer
 	kaPeriod   time.Duration
+
+	// Silence (conn_alive.go), guarded by mu: completions seen, the count at the last
+	// keepalive period, and the periods in a row that saw none.
+	heard, heardMark uint64
+	silentPeriods    int
 	graceTimer *time.Timer
 }
 

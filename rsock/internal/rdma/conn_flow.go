@@ -34,6 +34,7 @@ func (c *Conn) onRecv(wc *verbs.WorkCompletion) {
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.heardLocked()
 	if perr != nil {
 		c.failLocked(qpError("re-post receive", perr))
 		return
@@ -68,6 +69,7 @@ func (c *Conn) onSendDone(id uint64) {
 		c.failLocked(fmt.Errorf("%w: completion for unknown send %d", ErrQPFailed, id))
 		return
 	}
+	c.heardLocked()
 	c.sqDone = id + 1
 	c.stageHead = c.stageEnd[id%c.sqDepth]
 	signal(c.writable)

@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net"
 	"testing"
 	"testing/synctest"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -116,7 +114,7 @@ func TestPortEventsRefreshListing(t *testing.T) {
 	t.Run("down then up", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			f := soft.New(soft.Options{})
-			a, b := pipePair(t, f, 0) // keeps soft0 open: its listener sees the events
+			a, b := pipePairKA(t, f, 0, 0) // keeps soft0 open: its listener sees the events
 			require.NoError(t, f.SetPortState("soft0", 1, verbs.PortDown))
 			_, err := a.Read(make([]byte, 1))
 			require.ErrorIs(t, err, ErrPortDown)
@@ -132,30 +130,4 @@ func TestPortEventsRefreshListing(t *testing.T) {
 			requireReleased(t, f)
 		})
 	})
-}
-
-// pipePair connects two Conns on soft0 whose control channel is a net.Pipe, so that a
-// synctest bubble sees every goroutine of theirs durably blocked when idle.
-func pipePair(t *testing.T, f *soft.Fabric, keepalive time.Duration) (*Conn, *Conn) {
-	ca, cb := net.Pipe()
-	ea, err := Prepare(f, loopback, Options{})
-	require.NoError(t, err)
-	eb, err := Prepare(f, loopback, Options{})
-	require.NoError(t, err)
-	type res struct {
-		c   *Conn
-		err error
-	}
-	bc := make(chan res, 1)
-	go func() {
-		b, err := eb.Connect(ea.Offer(), cb, keepalive)
-		bc <- res{b, err}
-	}()
-	a, err := ea.Connect(eb.Offer(), ca, keepalive)
-	require.NoError(t, err)
-	r := <-bc
-	require.NoError(t, r.err)
-	a.Start()
-	r.c.Start()
-	return a, r.c
 }
