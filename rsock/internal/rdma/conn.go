@@ -77,18 +77,18 @@ type Conn struct {
 	closed   chan struct{} // closed by Close
 	rdl, wdl deadline
 
-	closeOnce  sync.Once
-	startOnce  sync.Once
-	closeErr   error
-	ctrlDone   chan struct{} // the control reader has exited
-	keepalive  *time.Timer
-	kaPeriod   time.Duration
+	closeOnce sync.Once
+	startOnce sync.Once
+	closeErr  error
+	ctrlDone  chan struct{} // the control reader has exited
+	keepalive *time.Timer
+	kaPeriod  time.Duration
 
 	// Silence (conn_alive.go), guarded by mu: completions seen, the count at the last
 	// keepalive period, and the periods in a row that saw none.
 	heard, heardMark uint64
 	silentPeriods    int
-	graceTimer *time.Timer
+	graceTimer       *time.Timer
 }
 
 // queuePair is what a Conn needs of its QP once connected: posting, its number, and
