@@ -79,6 +79,8 @@ type Fabric struct {
 	live struct {
 		contexts, pds, mrs, cqs, qps, channels atomic.Int64
 	}
+
+	teardown teardownModel // teardown.go
 }
 
 // The soft types implement the verbs interfaces.
@@ -257,6 +259,9 @@ func (d *device) qp(qpn uint32) *QP {
 // addQP gives q a QP number that no live QP of d has and registers it.
 func (d *device) addQP(q *QP) {
 	d.qpMu.Lock()
+	if d.fab.teardown.reuseQPNs.Load() {
+		d.nextQPN = 0x100 // lowest free first
+	}
 	for {
 		n := d.nextQPN & 0xffffff
 		d.nextQPN = n + 1

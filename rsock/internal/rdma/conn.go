@@ -27,6 +27,9 @@ type Conn struct {
 	ep   *Endpoint
 	qp   queuePair
 	ctrl net.Conn // bootstrap connection: liveness and close notification
+	gen  uint64   // the endpoint's generation, in every WR ID (conn_flow.go)
+
+	stale atomic.Uint64 // completions of a destroyed QP of the same number, dropped
 
 	rmu, wmu sync.Mutex
 
@@ -123,6 +126,7 @@ func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) 
 	c := &Conn{
 		ep:           ep,
 		qp:           ep.qp,
+		gen:          ep.gen,
 		ctrl:         ctrl,
 		fc:           fc,
 		peerRingAddr: peer.RingAddr,

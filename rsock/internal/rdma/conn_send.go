@@ -240,7 +240,7 @@ func (c *Conn) postLocked(n int) error {
 	for i := range n {
 		wr := &c.wrs[i]
 		id := c.sqPosted + uint64(i)
-		wr.ID = id
+		wr.ID = c.gen | id&seqMask
 		c.stageEnd[id%c.sqDepth] = c.wrEnd[i]
 		c.sinceSignal++
 		if c.sinceSignal >= c.signalEvery || 2*(c.stageTail-c.stageHead) >= size {

@@ -126,7 +126,8 @@ type Endpoint struct {
 	qp       verbs.QP
 	psn      uint32
 	inline   int
-	admitted bool // counted in dev.conns
+	admitted bool   // counted in dev.conns
+	gen      uint64 // generation in every WR ID (conn_flow.go)
 }
 
 // Prepare is PrepareContext with a background context.
@@ -155,7 +156,7 @@ func PrepareContext(ctx context.Context, p verbs.Provider, ip netip.Addr, opts O
 		dev.release()
 		return nil, fmt.Errorf("%w: %d on %s", ErrTooManyConns, opts.MaxConns, dev.attr.Name)
 	}
-	ep := &Endpoint{opts: opts, dev: dev, path: path, admitted: true, entries: opts.SendWQEs + opts.RecvWQEs}
+	ep := &Endpoint{opts: opts, dev: dev, path: path, admitted: true, entries: opts.SendWQEs + opts.RecvWQEs, gen: newGen()}
 	defer func() {
 		if err != nil {
 			ep.release()
@@ -188,7 +189,7 @@ func PrepareContext(ctx context.Context, p verbs.Provider, ip netip.Addr, opts O
 	}
 	var recv [1]verbs.RecvWR
 	for i := range opts.RecvWQEs {
-		recv[0].ID = recvWRFlag | uint64(i)
+		recv[0].ID = recvWRFlag | ep.gen | uint64(i)
 		if err = ep.qp.PostRecv(recv[:]); err != nil {
 			return nil, fmt.Errorf("post receive WQE %d: %w", i, err)
 		}
