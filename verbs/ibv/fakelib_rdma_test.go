@@ -600,6 +600,15 @@ func fakeDevice(t *testing.T) {
 			}
 		}
 		require.ErrorIs(t, small.ReqNotify(false), verbs.ErrCQOverflow)
+		// The same event reaches WaitAsyncEvent, acknowledged, naming the CQ.
+		evCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ev, err := r.ctx.WaitAsyncEvent(evCtx)
+		cancel()
+		require.NoError(t, err)
+		require.Equal(t, verbs.EventCQErr, ev.Type)
+		require.Same(t, small.(*cq), ev.CQ.(*cq))
+		_, err = r.ctx.CreateCQ(4, nil, r.ctx.Device().NumCompVectors)
+		require.ErrorIs(t, err, verbs.ErrInvalidArgument, "a completion vector beyond the device's")
 		require.NoError(t, q.Close())
 		require.NoError(t, small.Close())
 	})
