@@ -25,6 +25,7 @@ echo 3 > /proc/sys/kernel/printk
 . /ci/net.sh
 . /ci/examples.sh
 . /ci/perf.sh
+. /ci/events.sh
 
 echo "@@GUEST kernel $(uname -r), $(grep -c ^processor /proc/cpuinfo) CPUs, $(awk '/MemTotal/ { print $2 / 1024 " MiB" }' /proc/meminfo), up $(uptime_s) s"
 echo "@@GUEST steps /$STEPS/, -test.run /$RUN/, short=$SHORT, -test.timeout ${GO_TIMEOUT}s"
@@ -101,6 +102,9 @@ done
 cmd_step examples_echo example_echo
 cmd_step examples_http example_http
 cmd_step examples_grpc example_grpc
+
+# A host's netdev taken down mid-stream (events.sh).
+cmd_step events_port_down port_down_mid_stream
 
 # rsockperf next to perftest and rstream.
 : > /tmp/perf.txt
