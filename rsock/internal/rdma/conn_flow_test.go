@@ -119,7 +119,7 @@ func TestStaleCompletionsAfterQPNReuse(t *testing.T) {
 		c := newFakeConn(t, &fakeQP{qpn: 5})
 		c.gen = cur
 		stale := []verbs.WorkCompletion{
-			{WRID: old | 0, Status: verbs.WCWRFlushErr, QPN: 5},
+			{WRID: old, Status: verbs.WCWRFlushErr, QPN: 5}, // send sequence 0
 			{WRID: recvWRFlag | old | 3, Status: verbs.WCWRFlushErr, QPN: 5},
 			{WRID: old | 7, Status: verbs.WCSuccess, Opcode: verbs.WCRDMAWrite, QPN: 5},
 		}
