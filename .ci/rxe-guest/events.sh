@@ -16,14 +16,14 @@ field() {
 }
 
 # restore_wb: wb up again, with the routes and neighbour entries setup_two_hosts made
-# that taking it down removed, and rxe_b active.
+# that taking it down removed, and rxe_b (and rxe_a, whose veth peer it is) active.
 restore_wb() {
   ip link set wb up
   ip route replace $A dev wb table 102
   ip neigh replace $A lladdr "$(cat /sys/class/net/wa/address)" dev wb nud permanent
   ip neigh replace $B lladdr "$(cat /sys/class/net/wb/address)" dev wa nud permanent
   ip route replace local $B dev wb table local proto kernel scope host src $A
-  wait_device rxe_b
+  wait_device rxe_b && wait_device rxe_a
 }
 
 port_down_mid_stream() {
@@ -47,7 +47,7 @@ port_down_mid_stream() {
   done
   t0=$(/t/bin/streamcheck -now)
   ip link set wb down
-  echo "wb down at $t0 ms; rxe_b port $(cat /sys/class/infiniband/rxe_b/ports/1/state)"
+  echo "wb down at $t0 ms; rxe_b port $(cat /sys/class/infiniband/rxe_b/ports/1/state), rxe_a port $(cat /sys/class/infiniband/rxe_a/ports/1/state)"
   wait $cpid
   crc=$?
   wait $spid
