@@ -163,3 +163,23 @@ func TestCheckSilence(t *testing.T) {
 	require.ErrorIs(t, c.err, ErrKeepaliveTimeout)
 	require.Contains(t, c.err.Error(), "for 3s")
 }
+
+// TestProbesEndWithThePeer: once the peer has closed (its FIN arrived, its QP is
+// destroyed), probing stops, so the end of the stream stays a clean io.EOF however
+// long the connection stays open, and no silence is reported.
+func TestProbesEndWithThePeer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const period = time.Second
+		f := soft.New(soft.Options{})
+		a, b := pipePairKA(t, f, period, period)
+		require.NoError(t, b.Close())
+		_, err := a.Read(make([]byte, 1))
+		require.ErrorIs(t, err, io.EOF)
+		time.Sleep(10 * period)
+		_, err = a.Read(make([]byte, 1))
+		require.ErrorIs(t, err, io.EOF, "ten periods after the peer closed")
+		require.NoError(t, connErrOf(a))
+		require.NoError(t, a.Close())
+		requireReleased(t, f)
+	})
+}

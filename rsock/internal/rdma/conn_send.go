@@ -309,17 +309,24 @@ func (c *Conn) waitWritable() error {
 // device whatever its application does; on a dead path it fails with the QP's retry
 // budget (RETRY_EXC_ERR), so an idle connection learns of the path's death within a
 // period and that budget, from the start of the connection.
+//
+// Once the peer's FIN has arrived, or its control channel has closed, the QP is
+// neither probed nor watched for silence: nothing more will arrive to wait for, our
+// own writes still fail on a dead path, and the peer's QP may already be destroyed, so
+// a probe could only fail a stream that ended cleanly. The control byte still goes
+// out: a peer that half-closed still expects it.
 func (c *Conn) sendKeepalive() {
 	c.mu.Lock()
 	if c.closing || c.err != nil {
 		c.mu.Unlock()
 		return
 	}
-	if c.checkSilenceLocked() {
+	ended := c.peerGone || c.fc.PeerClosed()
+	if !ended && c.checkSilenceLocked() {
 		c.mu.Unlock()
 		return
 	}
-	if c.sqPosted-c.sqDone < c.sqDepth {
+	if !ended && c.sqPosted-c.sqDone < c.sqDepth {
 		if m, ok := c.fc.Keepalive(); ok {
 			c.fillWR(0, m, 0, true)
 		} else {
