@@ -178,7 +178,9 @@ type attrListing struct {
 	until    time.Time // guarded by attrCache: when a successful listing goes stale
 }
 
-// deviceAttrs returns p.Devices(), cached for attrCacheTTL and shared by concurrent
+// deviceAttrs returns p.Devices(), cached for attrCacheTTL while a device of p is open
+// (its event listener drops the listing on any port change, events.go; with none open,
+// nothing would, and a finished listing is not reused) and shared by concurrent
 // callers; it returns ctx.Err() if ctx ends first. Errors are not cached: the callers
 // that shared a failed listing all get its error, and the next caller lists again.
 // p must be comparable.
@@ -186,7 +188,7 @@ func deviceAttrs(ctx context.Context, p verbs.Provider) ([]verbs.DeviceAttr, err
 	now := time.Now()
 	attrCache.Lock()
 	l := attrCache.byProvider[p]
-	if l == nil || (l.finished && !now.Before(l.until)) {
+	if l == nil || (l.finished && (!now.Before(l.until) || !listened(p))) {
 		for k, v := range attrCache.byProvider { // drop stale providers (tests make many)
 			if v.finished && !now.Before(v.until) {
 				delete(attrCache.byProvider, k)

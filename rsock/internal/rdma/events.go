@@ -3,6 +3,7 @@ package rdma
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 
 	"github.com/rsockio/rsock/verbs"
@@ -29,15 +30,34 @@ import (
 // QP and CQ errors need nothing here: they also reach the connection as failed
 // completions, which the poller dispatches.
 type deviceEvents struct {
-	cancel context.CancelFunc
+	provider verbs.Provider
+	cancel   context.CancelFunc
 	done   chan struct{}
 	// fatal is set by EventDeviceFatal: acquireDevice opens the device afresh rather
 	// than share this one, which its connections release as they close.
 	fatal atomic.Bool
 }
 
+// listening counts, per provider, the devices whose events are listened to: only then
+// is a cached device listing sure to be dropped when a port changes.
+var listening = struct {
+	sync.Mutex
+	n map[verbs.Provider]int
+}{n: make(map[verbs.Provider]int)}
+
+// listened reports whether some device of p has its events listened to.
+func listened(p verbs.Provider) bool {
+	listening.Lock()
+	defer listening.Unlock()
+	return listening.n[p] > 0
+}
+
 // start runs the listener of d, whose context is open.
 func (e *deviceEvents) start(d *device) {
+	listening.Lock()
+	listening.n[d.key.provider]++
+	listening.Unlock()
+	e.provider = d.key.provider
 	ctx, cancel := context.WithCancel(context.Background())
 	e.cancel, e.done = cancel, make(chan struct{})
 	go d.listen(ctx, e.done)
@@ -51,6 +71,11 @@ func (e *deviceEvents) stop() {
 	e.cancel()
 	<-e.done
 	e.cancel = nil
+	listening.Lock()
+	if listening.n[e.provider]--; listening.n[e.provider] <= 0 {
+		delete(listening.n, e.provider)
+	}
+	listening.Unlock()
 }
 
 // listen handles d's events until ctx ends or the context closes.

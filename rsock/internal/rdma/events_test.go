@@ -85,9 +85,10 @@ func TestDeviceFatalFailsEveryConn(t *testing.T) {
 }
 
 // TestPortEventsRefreshListing checks that the engine never uses a port's attributes
-// from before a change: a port event drops the cached device listing, so a port taken
-// down is not chosen (the connection falls back with ErrNoDevice), and a port that
-// comes back is chosen again.
+// from before a change: a port event drops the cached device listing, a listing is
+// reused only while a device is open (and its events listened to), a port taken down
+// is not chosen (the connection falls back with ErrNoDevice), and a port that comes
+// back is chosen again.
 func TestPortEventsRefreshListing(t *testing.T) {
 	tests := []struct {
 		name  string
@@ -101,15 +102,29 @@ func TestPortEventsRefreshListing(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := soft.New(soft.Options{})
+			ep, err := Prepare(f, loopback, Options{}) // soft0 open: its listing is cached
+			require.NoError(t, err)
+			defer ep.Abort()
 			attrs, err := deviceAttrs(context.Background(), f)
 			require.NoError(t, err)
-			d := &device{key: deviceKey{provider: f, name: "soft0"}}
-			d.handleEvent(verbs.AsyncEvent{Type: tt.event, Port: 1})
+			cached, err := deviceAttrs(context.Background(), f)
+			require.NoError(t, err)
+			require.Same(t, &attrs[0], &cached[0], "the listing is cached while the device is open")
+			ep.dev.handleEvent(verbs.AsyncEvent{Type: tt.event, Port: 1})
 			again, err := deviceAttrs(context.Background(), f)
 			require.NoError(t, err)
 			require.NotSame(t, &attrs[0], &again[0], "%v: the listing was made again", tt.event)
 		})
 	}
+
+	t.Run("no device open", func(t *testing.T) {
+		f := soft.New(soft.Options{})
+		attrs, err := deviceAttrs(context.Background(), f)
+		require.NoError(t, err)
+		again, err := deviceAttrs(context.Background(), f)
+		require.NoError(t, err)
+		require.NotSame(t, &attrs[0], &again[0], "nobody listens to events: the listing is not reused")
+	})
 
 	t.Run("down then up", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
