@@ -32,7 +32,7 @@ import (
 type deviceEvents struct {
 	provider verbs.Provider
 	cancel   context.CancelFunc
-	done   chan struct{}
+	done     chan struct{}
 	// fatal is set by EventDeviceFatal: acquireDevice opens the device afresh rather
 	// than share this one, which its connections release as they close.
 	fatal atomic.Bool
