@@ -33,6 +33,7 @@ type deviceEvents struct {
 	provider verbs.Provider
 	cancel   context.CancelFunc
 	done     chan struct{}
+	counted  atomic.Bool // counted in listening
 	// fatal is set by EventDeviceFatal: acquireDevice opens the device afresh rather
 	// than share this one, which its connections release as they close.
 	fatal atomic.Bool
@@ -58,6 +59,7 @@ func (e *deviceEvents) start(d *device) {
 	listening.n[d.key.provider]++
 	listening.Unlock()
 	e.provider = d.key.provider
+	e.counted.Store(true)
 	ctx, cancel := context.WithCancel(context.Background())
 	e.cancel, e.done = cancel, make(chan struct{})
 	go d.listen(ctx, e.done)
@@ -71,6 +73,14 @@ func (e *deviceEvents) stop() {
 	e.cancel()
 	<-e.done
 	e.cancel = nil
+	e.uncount()
+}
+
+// uncount takes the device out of listening, once.
+func (e *deviceEvents) uncount() {
+	if !e.counted.CompareAndSwap(true, false) {
+		return
+	}
 	listening.Lock()
 	if listening.n[e.provider]--; listening.n[e.provider] <= 0 {
 		delete(listening.n, e.provider)
@@ -85,7 +95,9 @@ func (d *device) listen(ctx context.Context, done chan struct{}) {
 		ev, err := d.ctx.WaitAsyncEvent(ctx)
 		if err != nil {
 			// ctx ended (release), the context is closed, or the provider has no
-			// events to give (ErrNotSupported): nothing more to listen to.
+			// events to give (ErrNotSupported): nothing more to listen to, and
+			// nothing to drop a cached listing when a port changes.
+			d.events.uncount()
 			return
 		}
 		d.handleEvent(ev)
