@@ -5,8 +5,14 @@
 # a MiB, `ip link set wb down`. The step passes when both ends were on rdma, each half
 # of each end (its Write and its Read) ended with a named rsock error within
 # EVENTS_BOUND_MS of the link going down, and neither read a byte its peer did not
-# write. It prints which error each half got (rdma: port went down, on B, means rxe
-# raised IBV_EVENT_PORT_ERR), the figures, and restores wb for the steps after it.
+# write. It prints which error each half got, the figures, and restores wb for the
+# steps after it.
+#
+# Two steps: events_port_down strikes mid-stream, events_port_down_idle once both ends
+# have stopped writing. Taking wb down makes rxe set both rxe_b and rxe_a (its veth
+# peer loses carrier) down and raise IBV_EVENT_PORT_ERR on each; mid-stream, the QPs
+# usually fail on their own first (requests in flight end in errors), so the idle step
+# is the one that requires the event: host B must fail with "rdma: port went down".
 
 EVENTS_BOUND_MS=${EVENTS_BOUND_MS:-10000}
 
@@ -26,12 +32,14 @@ restore_wb() {
   wait_device rxe_b && wait_device rxe_a
 }
 
-port_down_mid_stream() {
-  local spid cpid n t0 crc src rc=0 side log other wrote read e at
-  timeout -k 5 120 /t/bin/streamcheck -listen $B:7600 > /tmp/sc_b.log 2>&1 &
+# port_down [-idle]: the scenario; with -idle the connection is idle when wb goes down,
+# and host B must have learnt it from the port event.
+port_down() {
+  local mode=$1 spid cpid n t0 crc src rc=0 side log other wrote read e at msg
+  timeout -k 5 120 /t/bin/streamcheck $mode -listen $B:7600 > /tmp/sc_b.log 2>&1 &
   spid=$!
   wait_listen 7600 $spid || { kill $spid 2>/dev/null; cat /tmp/sc_b.log; return 1; }
-  timeout -k 5 120 /t/bin/streamcheck -dial $B:7600 > /tmp/sc_a.log 2>&1 &
+  timeout -k 5 120 /t/bin/streamcheck $mode -dial $B:7600 > /tmp/sc_a.log 2>&1 &
   cpid=$!
   n=0
   until grep -q '^streaming' /tmp/sc_a.log && grep -q '^streaming' /tmp/sc_b.log; do
@@ -77,9 +85,15 @@ port_down_mid_stream() {
     done
   done
   if grep -q 'port went down' /tmp/sc_b.log; then
-    echo "rxe raised IBV_EVENT_PORT_ERR on rxe_b: host B failed at once"
+    echo "host B learnt from IBV_EVENT_PORT_ERR that its port went down"
+  elif [ "$mode" = -idle ]; then
+    echo "host B, idle, did not fail with the port event"
+    rc=1
   else
-    echo "no IBV_EVENT_PORT_ERR reached host B"
+    echo "host B's QP failed before IBV_EVENT_PORT_ERR reached it"
   fi
   return $rc
 }
+
+port_down_mid_stream() { port_down ""; }
+port_down_idle() { port_down -idle; }

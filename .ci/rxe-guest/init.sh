@@ -105,6 +105,7 @@ cmd_step examples_grpc example_grpc
 
 # A host's netdev taken down mid-stream (events.sh).
 cmd_step events_port_down port_down_mid_stream
+cmd_step events_port_down_idle port_down_idle
 
 # rsockperf next to perftest and rstream.
 : > /tmp/perf.txt

@@ -8,6 +8,11 @@
 //	streamcheck -dial 10.77.1.2:7600       # host A
 //	streamcheck -now                       # print the clock, as the reports do
 //
+// With -idle, each side stops writing once a MiB has crossed each way, and only reads:
+// the connection is idle when the fault strikes, so only a probe, an event or the
+// control channel can tell it (its Write half then reports the error of one more
+// Write, made once the Read half has ended).
+//
 // Each side prints "transport rdma" (or what carries it), "streaming" once a MiB has
 // crossed each way, and at the end one line:
 //
@@ -38,6 +43,7 @@ func main() {
 	now := flag.Bool("now", false, "print the Unix time in milliseconds and exit")
 	keepalive := flag.Duration("keepalive", time.Second, "rsock keepalive period")
 	limit := flag.Duration("limit", 2*time.Minute, "give up after this long")
+	idle := flag.Bool("idle", false, "stop writing after the first MiB: wait idle for the connection to end")
 	flag.Parse()
 	if *now {
 		fmt.Println(time.Now().UnixMilli())
@@ -52,7 +58,7 @@ func main() {
 		os.Exit(1)
 	}
 	server := *listen != ""
-	r := run(ctx, c, server, os.Stdout)
+	r := run(ctx, c, server, *idle, os.Stdout)
 	fmt.Println(r)
 	if r.corrupt {
 		os.Exit(1)
@@ -110,8 +116,9 @@ const (
 const streamingAt = 1 << 20
 
 // run writes this side's stream and reads and verifies the peer's, both until the
-// connection fails or ctx ends, and prints progress to out.
-func run(ctx context.Context, c *rsock.Conn, server bool, out io.Writer) result {
+// connection fails or ctx ends, and prints progress to out. With idle, it stops writing
+// after streamingAt bytes and waits for the Read half to end before one last Write.
+func run(ctx context.Context, c *rsock.Conn, server, idle bool, out io.Writer) result {
 	fmt.Fprintln(out, "transport", c.Transport())
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
 	defer stop()
@@ -129,9 +136,11 @@ func run(ctx context.Context, c *rsock.Conn, server bool, out io.Writer) result 
 		}
 	}
 	var wg sync.WaitGroup
+	readDone := make(chan struct{})
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		defer close(readDone)
 		want := rand.NewChaCha8(seed(theirs))
 		buf, exp := make([]byte, 64<<10), make([]byte, 64<<10)
 		for {
@@ -157,6 +166,12 @@ func run(ctx context.Context, c *rsock.Conn, server bool, out io.Writer) result 
 	src := rand.NewChaCha8(seed(mine))
 	buf := make([]byte, 32<<10)
 	for {
+		mu.Lock()
+		quiet := idle && r.wrote >= streamingAt
+		mu.Unlock()
+		if quiet {
+			<-readDone
+		}
 		src.Read(buf)
 		n, err := c.Write(buf)
 		mu.Lock()
