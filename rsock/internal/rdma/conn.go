@@ -234,7 +234,8 @@ func (d *deadline) set(t time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.timer != nil {
-		// A timer that already fired has closed its channel, or will find it replaced.
+		// A timer that already fired has closed its channel, or is waiting for mu and
+		// will find that it is no longer d.timer, and close nothing.
 		d.timer.Stop()
 		d.timer = nil
 	}
@@ -250,13 +251,18 @@ func (d *deadline) set(t time.Time) {
 		if closed {
 			ch = d.renew()
 		}
-		d.timer = time.AfterFunc(dur, func() {
+		// The callback checks that its timer is still the deadline's: one that fired
+		// while set was stopping it must not close the channel set keeps (nettest's
+		// ConcurrentMethods moves deadlines while they fire).
+		var timer *time.Timer
+		timer = time.AfterFunc(dur, func() {
 			d.mu.Lock()
-			if *d.expired.Load() == ch && !isClosed(ch) {
+			if d.timer == timer && *d.expired.Load() == ch && !isClosed(ch) {
 				close(ch)
 			}
 			d.mu.Unlock()
 		})
+		d.timer = timer
 		return
 	}
 	if !closed {

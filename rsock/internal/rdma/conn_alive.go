@@ -21,7 +21,9 @@ import (
 //     of anything else, end the Conn with ErrKeepaliveTimeout. So a connection whose
 //     peer falls silent at any moment, the very start included, fails within
 //     (maxSilentPeriods+1) keepalive periods of the peer's last sign of life, and
-//     within maxSilentPeriods periods of Start if there never was one.
+//     within maxSilentPeriods periods of Start if there never was one. (When the peer
+//     notices first, it closes the control channel, and this side fails closeGrace
+//     later with ErrControlLost.)
 //
 // A peer process that hangs while its machine answers is caught by the control
 // channel instead: once the peer has sent one keepalive byte, three silent periods on
