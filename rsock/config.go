@@ -106,6 +106,12 @@ type Config struct {
 	// KeepAlive is the keep-alive period of the bootstrap connection: TCP keep-alive,
 	// or QUIC keep-alive packets (unless QUICConfig sets a period). Negative disables
 	// it. Default DefaultKeepAlive.
+	//
+	// Over RDMA it is also the liveness period: each period a probe crosses the queue
+	// pair, so a peer that falls silent, from the start of the connection on, is
+	// detected within a period and the QP's retry budget (a dead path: ErrQPFailed),
+	// and at most four periods after its last sign of life (ErrKeepaliveTimeout); see
+	// "Failures" in the package docs.
 	KeepAlive time.Duration
 
 	// AcceptPlainClients lets a Listener serve clients that send no rsock hello: it

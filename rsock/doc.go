@@ -69,6 +69,21 @@
 // peer that does not speak rsock) fails the connection with an error matching
 // [ErrBadHello], [ErrVersionMismatch] or [ErrNotRsockPeer].
 //
+// # Failures
+//
+// An RDMA connection that fails returns, from Read (after the bytes that arrived) and
+// Write, an error matching one of [ErrQPFailed], [ErrCQFailed], [ErrControlLost],
+// [ErrKeepaliveTimeout], [ErrPeerClosed], [ErrProtocol], [ErrDeviceFatal] or
+// [ErrPortDown]; rsock/FAILURE_MODES.md lists when. The RDMA device's asynchronous
+// events fail connections at once: a fatal device every connection on it
+// ([ErrDeviceFatal]), a port that goes down (link or netdev down) every connection on
+// that port ([ErrPortDown]); port changes (GIDs, LID, a port back up) are seen by the
+// next connection. A peer that falls silent, from the very start of the connection,
+// is detected by a probe sent every [Config.KeepAlive] period (15 s by default): a dead
+// path within one period and the queue pair's retry budget (about half a second), and
+// a peer whose device answers nothing at all within four periods of its last sign of
+// life ([ErrKeepaliveTimeout]).
+//
 // # Listening
 //
 // A [Listener] runs the handshakes of new connections concurrently: a slow client, or

@@ -100,4 +100,10 @@ var (
 	ErrPeerClosed = rdma.ErrPeerClosed
 	// ErrProtocol: the peer broke the flow-control protocol.
 	ErrProtocol = rdma.ErrProtocol
+	// ErrDeviceFatal: the RDMA device failed (a fatal asynchronous event); every
+	// connection on it fails at once.
+	ErrDeviceFatal = rdma.ErrDeviceFatal
+	// ErrPortDown: the connection's RDMA port went down (link or netdev down); every
+	// connection on the port fails at once.
+	ErrPortDown = rdma.ErrPortDown
 )

@@ -25,5 +25,15 @@
 // [CQ.Poll] copies up to len(wc) completions into a caller-owned slice. To sleep instead
 // of spinning, arm the CQ with [CQ.ReqNotify], poll once more (a completion may have
 // arrived in between), then call [CompChannel.Wait], which blocks the goroutine, never an
-// OS thread, until an armed CQ on that channel receives a completion.
+// OS thread, until an armed CQ on that channel receives a completion. [Context.CreateCQ]
+// names a completion vector, below [DeviceAttr].NumCompVectors: CQs spread over the
+// vectors spread their interrupts over CPUs.
+//
+// # Asynchronous events
+//
+// [Context.WaitAsyncEvent] returns the device's asynchronous events ([AsyncEvent]),
+// already acknowledged: a port going down or up, a GID or LID change, a fatal device,
+// QP and CQ errors. Each context queues its own from the moment it is opened; a
+// program that never asks loses nothing but the oldest events beyond
+// [MaxQueuedAsyncEvents].
 package verbs

@@ -141,7 +141,9 @@ type DeviceAttr struct {
 	// Transport is what the device is (its kernel node type): an InfiniBand or RoCE
 	// channel adapter, an iWARP RNIC, or something else. See [Transport].
 	Transport Transport
-	Ports     []PortAttr
+	// NumCompVectors is how many completion vectors CreateCQ may name (at least 1).
+	NumCompVectors int
+	Ports          []PortAttr
 }
 
 // PortAttr describes a device port (a subset of ibv_port_attr plus its GID table).

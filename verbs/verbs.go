@@ -27,8 +27,16 @@ type Context interface {
 	// CreateCompChannel creates a completion event channel.
 	CreateCompChannel() (CompChannel, error)
 	// CreateCQ creates a completion queue with room for at least cqe completions.
-	// ch may be nil if the CQ will only be polled.
-	CreateCQ(cqe int, ch CompChannel) (CQ, error)
+	// ch may be nil if the CQ will only be polled. vector is the completion vector
+	// (interrupt) that signals it, from 0 to DeviceAttr.NumCompVectors-1: spreading
+	// CQs over the vectors spreads their interrupts over the CPUs.
+	CreateCQ(cqe int, ch CompChannel, vector int) (CQ, error)
+	// WaitAsyncEvent returns the device's next asynchronous event (port state and GID
+	// changes, fatal device, QP and CQ errors), already acknowledged, waiting while ctx
+	// lasts; it parks only the calling goroutine. Events are queued from the opening
+	// of the context (at most MaxQueuedAsyncEvents). It returns ctx.Err() when ctx
+	// ends first, and an error wrapping ErrClosed once the context is closed.
+	WaitAsyncEvent(ctx context.Context) (AsyncEvent, error)
 	// Close releases the context. Resources created from it must be closed first.
 	Close() error
 }

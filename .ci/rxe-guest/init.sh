@@ -28,6 +28,7 @@ echo 3 > /proc/sys/kernel/printk
 . /ci/tls.sh
 . /ci/select.sh
 . /ci/mem.sh
+. /ci/events.sh
 
 echo "@@GUEST kernel $(uname -r), $(grep -c ^processor /proc/cpuinfo) CPUs, $(awk '/MemTotal/ { print $2 / 1024 " MiB" }' /proc/meminfo), up $(uptime_s) s"
 echo "@@GUEST steps /$STEPS/, -test.run /$RUN/, short=$SHORT, -test.timeout ${GO_TIMEOUT}s"
@@ -111,6 +112,9 @@ cmd_step tls_two_hosts tls_two_hosts
 cmd_step select_gid_holes select_gid_holes
 # Registered memory against RLIMIT_MEMLOCK (mem.sh).
 mem_steps
+# A host's netdev taken down mid-stream (events.sh).
+cmd_step events_port_down port_down_mid_stream
+cmd_step events_port_down_idle port_down_idle
 
 # rsockperf next to perftest and rstream.
 : > /tmp/perf.txt

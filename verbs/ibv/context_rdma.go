@@ -8,6 +8,7 @@ package ibv
 import "C"
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -36,6 +37,7 @@ type devContext struct {
 	async     *os.File
 	asyncDone chan struct{}
 	ev        *C.struct_ibv_async_event
+	events    verbs.AsyncEventQueue // what WaitAsyncEvent hands out
 
 	mu       sync.Mutex
 	closed   bool
@@ -128,6 +130,7 @@ func (ctx *devContext) Close() error {
 	// Stop the async event reader before the context goes away.
 	ctx.async.Close()
 	<-ctx.asyncDone
+	ctx.events.Close()
 	C.free(unsafe.Pointer(ctx.ev))
 	ctx.ev = nil
 	if rc, err := C.rsock_close_device(ctx.c); rc != 0 {
@@ -215,30 +218,59 @@ func (ctx *devContext) readAsyncEvents() {
 				return !errors.Is(getErr, syscall.EAGAIN)
 			}
 		})
-		if err != nil || getErr != nil {
-			return // closed, or the device is gone
+		if err != nil {
+			return // closed
 		}
-		ctx.apply(typ, uintptr(C.rsock_async_element(ctx.ev)))
+		if getErr != nil {
+			// The async fd fails only when the device is gone (unplugged, driver
+			// unloaded): say so to WaitAsyncEvent, as the kernel's DEVICE_FATAL would.
+			ctx.events.Push(verbs.AsyncEvent{Type: verbs.EventDeviceFatal})
+			return
+		}
+		ctx.events.Push(ctx.apply(typ, uintptr(C.rsock_async_element(ctx.ev))))
 		C.rsock_ack_async_event(ctx.ev)
 	}
 }
 
-// apply records what an async event means for the CQ or QP it names.
-func (ctx *devContext) apply(typ C.int, element uintptr) {
-	switch typ {
-	case C.IBV_EVENT_CQ_ERR:
+// apply records what an async event means for the CQ or QP it names, and returns the
+// event as WaitAsyncEvent reports it. It runs before the event is acknowledged, so
+// the CQ or QP it names is still the one the event is about.
+func (ctx *devContext) apply(typ C.int, element uintptr) verbs.AsyncEvent {
+	e := verbs.AsyncEvent{Type: verbs.AsyncEventType(typ)}
+	switch {
+	case typ == C.IBV_EVENT_CQ_ERR:
 		// ibv_poll_cq(3): a CQ overrun raises IBV_EVENT_CQ_ERR and the CQ is unusable.
 		if c := ctx.lookupCQ(element); c != nil {
 			c.overflow.Store(true)
+			e.CQ = c
 		}
-	case C.IBV_EVENT_QP_FATAL, C.IBV_EVENT_QP_REQ_ERR, C.IBV_EVENT_QP_ACCESS_ERR:
+	case e.Type.QPEvent():
 		ctx.mu.Lock()
 		q := ctx.qps[element]
 		ctx.mu.Unlock()
-		if q != nil {
+		if q == nil {
+			break
+		}
+		e.QPN = q.qpn
+		switch typ {
+		case C.IBV_EVENT_QP_FATAL, C.IBV_EVENT_QP_REQ_ERR, C.IBV_EVENT_QP_ACCESS_ERR:
 			q.state.Store(int32(verbs.QPStateError))
 		}
+	case e.Type.PortEvent():
+		e.Port = uint8(element)
 	}
+	return e
+}
+
+// WaitAsyncEvent returns the device's next asynchronous event. The events are read,
+// applied (see apply) and acknowledged by the context's reader goroutine, which waits
+// on the async fd through the netpoller, and queued here.
+func (ctx *devContext) WaitAsyncEvent(c context.Context) (verbs.AsyncEvent, error) {
+	e, err := ctx.events.Wait(c)
+	if err != nil {
+		return e, fmt.Errorf("ibv: %s: %w", ctx.attr.Name, err)
+	}
+	return e, nil
 }
 
 // pollFile returns a pollable *os.File for fd, a descriptor owned by libibverbs: it

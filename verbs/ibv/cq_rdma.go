@@ -226,10 +226,14 @@ func (ch *compChannel) Close() error {
 	return nil
 }
 
-// CreateCQ creates a CQ of at least cqe entries, attached to ch if it is not nil.
-func (ctx *devContext) CreateCQ(cqe int, ch verbs.CompChannel) (verbs.CQ, error) {
+// CreateCQ creates a CQ of at least cqe entries, attached to ch if it is not nil, on
+// completion vector vector (below DeviceAttr.NumCompVectors).
+func (ctx *devContext) CreateCQ(cqe int, ch verbs.CompChannel, vector int) (verbs.CQ, error) {
 	if cqe <= 0 {
 		return nil, fmt.Errorf("ibv: create cq: %d entries: %w", cqe, verbs.ErrInvalidArgument)
+	}
+	if vector < 0 || vector >= max(ctx.attr.NumCompVectors, 1) {
+		return nil, fmt.Errorf("ibv: create cq: completion vector %d of %d: %w", vector, ctx.attr.NumCompVectors, verbs.ErrInvalidArgument)
 	}
 	var channel *compChannel
 	var cch *C.struct_ibv_comp_channel
@@ -256,7 +260,7 @@ func (ctx *devContext) CreateCQ(cqe int, ch verbs.CompChannel) (verbs.CQ, error)
 		ctx.removeChild()
 		return nil, err
 	}
-	ibcq, err := C.rsock_create_cq(ctx.c, C.int(cqe), cch)
+	ibcq, err := C.rsock_create_cq(ctx.c, C.int(cqe), cch, C.int(vector))
 	if ibcq == nil {
 		return fail(errnoError(fmt.Sprintf("create cq of %d entries", cqe), err, classCreate))
 	}

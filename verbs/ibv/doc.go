@@ -60,7 +60,11 @@
 // event per call. Context cancellation sets a read deadline in the past. One goroutine
 // per open context reads async events the same way: IBV_EVENT_CQ_ERR makes the CQ's
 // Poll return verbs.ErrCQOverflow, and IBV_EVENT_QP_FATAL, _REQ_ERR and _ACCESS_ERR
-// record the QP as ERROR. It stops when the context is closed.
+// record the QP as ERROR. Every event is then queued, as a verbs.AsyncEvent naming its
+// CQ, QP number or port, for WaitAsyncEvent, and acknowledged; an async fd that fails
+// (the device is gone) queues EventDeviceFatal. It stops when the context is closed.
+// CQs are created on the completion vector the caller names, below the context's
+// num_comp_vectors (DeviceAttr.NumCompVectors).
 //
 // # Errors
 //

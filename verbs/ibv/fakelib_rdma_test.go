@@ -168,9 +168,9 @@ func newFakeRig(t *testing.T, caps verbs.QPCaps) *fakeRig {
 	require.NoError(t, err)
 	r.ch, err = r.ctx.CreateCompChannel()
 	require.NoError(t, err)
-	r.cqA, err = r.ctx.CreateCQ(64, r.ch)
+	r.cqA, err = r.ctx.CreateCQ(64, r.ch, 0)
 	require.NoError(t, err)
-	r.cqB, err = r.ctx.CreateCQ(256, r.ch)
+	r.cqB, err = r.ctx.CreateCQ(256, r.ch, 0)
 	require.NoError(t, err)
 	access := verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.AccessRemoteRead
 	r.mrA, err = r.pd.RegMR(4096, access)
@@ -581,7 +581,7 @@ func fakeDevice(t *testing.T) {
 
 		// A CQ of one entry overflows on the second completion; the async event
 		// reader marks it.
-		small, err := r.ctx.CreateCQ(1, nil)
+		small, err := r.ctx.CreateCQ(1, nil, 0)
 		require.NoError(t, err)
 		q, err := r.pd.CreateQP(verbs.QPInitAttr{SendCQ: small, RecvCQ: small, SignalAll: true,
 			Caps: verbs.QPCaps{MaxSendWR: 4, MaxRecvWR: 4}})
@@ -602,6 +602,15 @@ func fakeDevice(t *testing.T) {
 			}
 		}
 		require.ErrorIs(t, small.ReqNotify(false), verbs.ErrCQOverflow)
+		// The same event reaches WaitAsyncEvent, acknowledged, naming the CQ.
+		evCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ev, err := r.ctx.WaitAsyncEvent(evCtx)
+		cancel()
+		require.NoError(t, err)
+		require.Equal(t, verbs.EventCQErr, ev.Type)
+		require.Same(t, small.(*cq), ev.CQ.(*cq))
+		_, err = r.ctx.CreateCQ(4, nil, r.ctx.Device().NumCompVectors)
+		require.ErrorIs(t, err, verbs.ErrInvalidArgument, "a completion vector beyond the device's")
 		require.NoError(t, q.Close())
 		require.NoError(t, small.Close())
 	})
@@ -626,13 +635,13 @@ func fakeDevice(t *testing.T) {
 		require.ErrorIs(t, err, verbs.ErrInvalidArgument)
 		_, err = r.pd.RegMR(64, verbs.AccessRemoteWrite)
 		require.ErrorIs(t, err, verbs.ErrInvalidArgument, "remote write without local write")
-		_, err = r.ctx.CreateCQ(0, nil)
+		_, err = r.ctx.CreateCQ(0, nil, 0)
 		require.ErrorIs(t, err, verbs.ErrInvalidArgument)
 		_, err = r.pd.CreateQP(verbs.QPInitAttr{SendCQ: r.cqA, Caps: verbs.QPCaps{MaxSendSGE: 99}})
 		require.ErrorIs(t, err, verbs.ErrInvalidArgument)
 		_, err = r.pd.CreateQP(verbs.QPInitAttr{SendCQ: (*cq)(nil), RecvCQ: r.cqA})
 		require.ErrorIs(t, err, verbs.ErrInvalidArgument, "typed nil CQ")
-		_, err = r.ctx.CreateCQ(4, (*compChannel)(nil))
+		_, err = r.ctx.CreateCQ(4, (*compChannel)(nil), 0)
 		require.ErrorIs(t, err, verbs.ErrInvalidArgument, "typed nil channel")
 		_, err = r.pd.CreateQP(verbs.QPInitAttr{SendCQ: r.cqA, RecvCQ: r.cqA, Caps: verbs.QPCaps{MaxSendSGE: 99}})
 		require.ErrorIs(t, err, verbs.ErrInvalidArgument, "the device refuses: EINVAL from create")

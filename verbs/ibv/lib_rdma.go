@@ -253,6 +253,8 @@ func (p *provider) describe(c *C.struct_ibv_context, name string) (verbs.DeviceA
 		MaxCQE:    int(a.max_cqe),
 		MaxMR:     int(a.max_mr),
 		MaxMRSize: uint64(a.max_mr_size),
+		// ibv_create_cq(3): comp_vector is below the context's num_comp_vectors.
+		NumCompVectors: max(int(C.rsock_num_comp_vectors(c)), 1),
 	}
 	for num := 1; num <= int(a.phys_port_cnt); num++ {
 		port, err := queryPort(c, name, uint8(num), int(a.phys_port_cnt))
@@ -387,7 +389,7 @@ func probeInline(c *C.struct_ibv_context) int {
 		return 0
 	}
 	defer C.rsock_dealloc_pd(pd)
-	cq := C.rsock_create_cq(c, 2, nil)
+	cq := C.rsock_create_cq(c, 2, nil, 0)
 	if cq == nil {
 		return 0
 	}

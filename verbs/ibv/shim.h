@@ -98,11 +98,13 @@ static inline struct ibv_mr *rsock_reg_mr(struct ibv_pd *pd, void *addr, size_t 
 	return rsock_ibv.reg_mr(pd, addr, length, access);
 }
 
-static inline struct ibv_cq *rsock_create_cq(struct ibv_context *c, int cqe, struct ibv_comp_channel *ch)
+static inline struct ibv_cq *rsock_create_cq(struct ibv_context *c, int cqe, struct ibv_comp_channel *ch, int vector)
 {
-	// cq_context stays NULL: C keeps no pointer to Go. Completion vector 0 always exists.
-	return rsock_ibv.create_cq(c, cqe, NULL, ch, 0);
+	// cq_context stays NULL: C keeps no pointer to Go.
+	return rsock_ibv.create_cq(c, cqe, NULL, ch, vector);
 }
+
+static inline int rsock_num_comp_vectors(struct ibv_context *c) { return c->num_comp_vectors; }
 
 // rsock_query_gid_table is verbs.h's ibv_query_gid_table: every valid entry of every
 // port's GID table, in one call. It fails with EOPNOTSUPP where libibverbs lacks it.

@@ -49,8 +49,9 @@ func (r *refs) close() error {
 
 // Context is an open soft device. It implements [verbs.Context].
 type Context struct {
-	dev  *device
-	refs refs // PDs, CQs and completion channels
+	dev    *device
+	refs   refs // PDs, CQs and completion channels
+	events verbs.AsyncEventQueue
 }
 
 // Device returns the device's attributes.
@@ -89,10 +90,13 @@ func (c *Context) CreateCompChannel() (verbs.CompChannel, error) {
 }
 
 // CreateCQ creates a CQ that holds exactly cqe completions. ch may be nil; otherwise it must
-// be a channel of this context.
-func (c *Context) CreateCQ(cqe int, ch verbs.CompChannel) (verbs.CQ, error) {
+// be a channel of this context. vector must be below DeviceAttr.NumCompVectors.
+func (c *Context) CreateCQ(cqe int, ch verbs.CompChannel, vector int) (verbs.CQ, error) {
 	if cqe < 1 || cqe > c.dev.attr.MaxCQE {
 		return nil, fmt.Errorf("soft: create CQ of %d entries (device max %d): %w", cqe, c.dev.attr.MaxCQE, verbs.ErrInvalidArgument)
+	}
+	if vector < 0 || vector >= compVectors {
+		return nil, fmt.Errorf("soft: create CQ on completion vector %d of %d: %w", vector, compVectors, verbs.ErrInvalidArgument)
 	}
 	var sch *CompChannel
 	if ch != nil {
@@ -127,6 +131,8 @@ func (c *Context) Close() error {
 	if err := c.refs.close(); err != nil {
 		return fmt.Errorf("soft: close context: %w", err)
 	}
+	c.dev.events.remove(c)
+	c.events.Close()
 	c.dev.fab.live.contexts.Add(-1)
 	return nil
 }

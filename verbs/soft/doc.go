@@ -82,7 +82,16 @@
 // [Fabric.DelayQP] and [Fabric.DelayLink] delay them; [Fabric.FailQP] and
 // [Fabric.FailDevice] move QPs to ERROR as a fatal asynchronous event would;
 // [Fabric.FailAllocs] makes the next allocations of one kind fail with
-// [verbs.ErrNoResources]. [Fabric.Stats] reports live resource counts (so tests can check
+// [verbs.ErrNoResources].
+//
+// Asynchronous events ([verbs.Context.WaitAsyncEvent]) reach every context open on a
+// device: [Fabric.FailQP] raises EventQPFatal, [Fabric.FailDevice] EventDeviceFatal,
+// [Fabric.SetPortState] EventPortErr or EventPortActive (a port that is not active
+// loses every request to and from its device, and leaves QPs alone, as rxe does when
+// its netdev goes down), and [Fabric.RaisePortEvent] any other port event, such as
+// EventGIDChange. [Fabric.LeaveDestroyedCompletions] and [Fabric.ReuseQPNs] make a
+// destroyed QP behave as on rxe: its unpolled completions stay in its CQs, and its
+// number goes to the next QP. [Fabric.Stats] reports live resource counts (so tests can check
 // that they return to where they started) and counters such as RNR NAKs and retries.
 //
 // # Deviations from hardware

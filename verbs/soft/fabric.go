@@ -86,6 +86,7 @@ type Fabric struct {
 	}
 
 	configErr error // an invalid Options.Ports, returned by Devices and Open
+	teardown teardownModel // teardown.go
 }
 
 // The soft types implement the verbs interfaces.
@@ -114,6 +115,8 @@ type device struct {
 	nQP, nCQ, nMR atomic.Int64 // live counts checked against the limits
 
 	stats devStats
+
+	events eventHub // async events: contexts to tell, port states (events.go)
 }
 
 // devStats are a device's traffic counters; see [Stats].
@@ -216,15 +219,19 @@ func (f *Fabric) Open(name string) (verbs.Context, error) {
 		return nil, fmt.Errorf("soft: open %q: %w", name, err)
 	}
 	f.live.contexts.Add(1)
-	return &Context{dev: d}, nil
+	c := &Context{dev: d}
+	d.events.add(c)
+	return c, nil
 }
 
 func (d *device) attrCopy() verbs.DeviceAttr {
 	a := d.attr
+	a.NumCompVectors = compVectors
 	a.Ports = make([]verbs.PortAttr, len(d.attr.Ports))
 	for i, p := range d.attr.Ports {
 		p.GIDs = append([]verbs.GIDEntry(nil), p.GIDs...)
 		p.Netdevs = append([]string(nil), p.Netdevs...)
+		p.State = d.events.portState(p.Num, p.State)
 		a.Ports[i] = p
 	}
 	return a
@@ -254,6 +261,9 @@ func (d *device) qp(qpn uint32) *QP {
 // addQP gives q a QP number that no live QP of d has and registers it.
 func (d *device) addQP(q *QP) {
 	d.qpMu.Lock()
+	if d.fab.teardown.reuseQPNs.Load() {
+		d.nextQPN = 0x100 // lowest free first
+	}
 	for {
 		n := d.nextQPN & 0xffffff
 		d.nextQPN = n + 1

@@ -89,17 +89,17 @@ func TestLimits(t *testing.T) {
 	require.NoError(t, err)
 	defer pd.Close()
 
-	_, err = ctx.CreateCQ(101, nil)
+	_, err = ctx.CreateCQ(101, nil, 0)
 	require.ErrorIs(t, err, verbs.ErrInvalidArgument, "CQ over MaxCQE")
-	_, err = ctx.CreateCQ(0, nil)
+	_, err = ctx.CreateCQ(0, nil, 0)
 	require.ErrorIs(t, err, verbs.ErrInvalidArgument, "CQ of 0 entries")
 	var cqs []verbs.CQ
 	for range 3 {
-		cq, err := ctx.CreateCQ(100, nil)
+		cq, err := ctx.CreateCQ(100, nil, 0)
 		require.NoError(t, err)
 		cqs = append(cqs, cq)
 	}
-	_, err = ctx.CreateCQ(10, nil)
+	_, err = ctx.CreateCQ(10, nil, 0)
 	require.ErrorIs(t, err, verbs.ErrNoResources, "CQ over MaxCQ")
 
 	_, err = pd.RegMR(1<<20+1, access)
@@ -160,9 +160,9 @@ func TestCrossContext(t *testing.T) {
 	ch, err := c1.CreateCompChannel()
 	require.NoError(t, err)
 	defer ch.Close()
-	_, err = c2.CreateCQ(4, ch)
+	_, err = c2.CreateCQ(4, ch, 0)
 	require.ErrorIs(t, err, verbs.ErrInvalidArgument, "CQ with another context's channel")
-	cq, err := c1.CreateCQ(4, nil)
+	cq, err := c1.CreateCQ(4, nil, 0)
 	require.NoError(t, err)
 	defer cq.Close()
 	pd, err := c2.AllocPD()

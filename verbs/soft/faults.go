@@ -112,17 +112,21 @@ func (f *Fabric) FailQP(qp verbs.QP) error {
 	if err != nil {
 		return err
 	}
+	if q.State() != verbs.QPStateError && !q.closed.Load() {
+		q.dev.events.broadcast(verbs.AsyncEvent{Type: verbs.EventQPFatal, QPN: q.qpn})
+	}
 	q.fail()
 	return nil
 }
 
 // FailDevice moves every QP of the named device to ERROR, as FailQP does, like a device
-// that hit a fatal error.
+// that hit a fatal error, and raises EventDeviceFatal on every context open on it.
 func (f *Fabric) FailDevice(name string) error {
 	d, ok := f.byName[name]
 	if !ok {
 		return fmt.Errorf("soft: fail device %q: %w", name, verbs.ErrNoDevice)
 	}
+	d.events.broadcast(verbs.AsyncEvent{Type: verbs.EventDeviceFatal})
 	d.qpMu.RLock()
 	qps := make([]*QP, 0, len(d.qps))
 	for _, q := range d.qps {
@@ -187,5 +191,8 @@ func (f *Fabric) link(a, b *device) linkFault {
 	f.linkMu.RLock()
 	l := f.links[linkKey(a, b)]
 	f.linkMu.RUnlock()
+	if a.events.down.Load() || b.events.down.Load() { // SetPortState: a port is down
+		l.broken = true
+	}
 	return l
 }

@@ -82,9 +82,9 @@ func newSide(t *testing.T, f *soft.Fabric, dev string, o pairOpts, psn uint32) *
 	s.gid = s.ctx.Device().Ports[0].GIDs[1].GID
 	s.pd, err = s.ctx.AllocPD()
 	require.NoError(t, err)
-	s.scq, err = s.ctx.CreateCQ(o.cqe, nil)
+	s.scq, err = s.ctx.CreateCQ(o.cqe, nil, 0)
 	require.NoError(t, err)
-	s.rcq, err = s.ctx.CreateCQ(o.cqe, nil)
+	s.rcq, err = s.ctx.CreateCQ(o.cqe, nil, 0)
 	require.NoError(t, err)
 	s.mr, err = s.pd.RegMR(o.mrSize, access)
 	require.NoError(t, err)

@@ -301,7 +301,7 @@ func (q *QP) ToReset() error {
 	}
 	q.state.Store(int32(verbs.QPStateReset))
 	q.timer.Stop()
-	q.discardLocked()
+	q.discardLocked(false)
 	q.sq.reset(q.sqPolled.Load())
 	q.rq.reset(q.rqPolled.Load())
 	return nil
@@ -321,12 +321,17 @@ func (r *recvQueue) reset(polled uint64) {
 }
 
 // discardLocked empties both queues without completions and removes the QP's completions
-// from its CQs. After it, no poll releases slots of this QP. The caller holds both locks.
-func (q *QP) discardLocked() {
+// from its CQs, unless destroying says the fabric leaves a destroyed QP's completions
+// there (LeaveDestroyedCompletions). After it, no poll releases slots of this QP that
+// matter to anyone. The caller holds both locks.
+func (q *QP) discardLocked(destroying bool) {
 	clear(q.sq.ring)
 	clear(q.rq.ring)
 	q.sq.head, q.sq.n = 0, 0
 	q.rq.head, q.rq.n = 0, 0
+	if destroying && q.dev.fab.teardown.leaveCompletions.Load() {
+		return
+	}
 	q.sendCQ.forget(q)
 	q.recvCQ.forget(q)
 }
@@ -341,7 +346,7 @@ func (q *QP) Close() error {
 		return fmt.Errorf("soft: destroy QP %#x: %w", q.qpn, verbs.ErrClosed)
 	}
 	q.closed.Store(true)
-	q.discardLocked()
+	q.discardLocked(true)
 	q.sq.peer = nil
 	q.unlock()
 	q.timer.Stop()

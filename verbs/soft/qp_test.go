@@ -252,7 +252,7 @@ func TestCompChannelClose(t *testing.T) {
 		defer ctx.Close()
 		ch, err := ctx.CreateCompChannel()
 		require.NoError(t, err)
-		cq, err := ctx.CreateCQ(4, ch)
+		cq, err := ctx.CreateCQ(4, ch, 0)
 		require.NoError(t, err)
 		require.ErrorIs(t, ch.Close(), verbs.ErrBusy, "close channel with a CQ")
 		require.NoError(t, cq.ReqNotify(false))
@@ -295,7 +295,7 @@ func TestCompChannelManyCQs(t *testing.T) {
 	var qps []verbs.QP
 	var cqs []verbs.CQ
 	for i := range n {
-		cq, err := ctx.CreateCQ(4, ch)
+		cq, err := ctx.CreateCQ(4, ch, 0)
 		require.NoError(t, err)
 		qp, err := pd.CreateQP(verbs.QPInitAttr{SendCQ: cq, RecvCQ: cq, Caps: verbs.QPCaps{MaxSendWR: 1, MaxRecvWR: 1}})
 		require.NoError(t, err)

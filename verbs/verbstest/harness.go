@@ -132,9 +132,9 @@ func (e *endpoint) create() {
 		e.ch, err = e.ctx.CreateCompChannel()
 		require.NoError(t, err)
 	}
-	e.scq, err = e.ctx.CreateCQ(cfg.sendCQE, e.ch)
+	e.scq, err = e.ctx.CreateCQ(cfg.sendCQE, e.ch, 0)
 	require.NoError(t, err)
-	e.rcq, err = e.ctx.CreateCQ(cfg.recvCQE, e.ch)
+	e.rcq, err = e.ctx.CreateCQ(cfg.recvCQE, e.ch, 0)
 	require.NoError(t, err)
 	e.mr, err = e.pd.RegMR(cfg.mrSize, cfg.mrAccess)
 	require.NoError(t, err)

@@ -181,7 +181,7 @@ func (a *agent) handleContext(c call) (reply, error) {
 		if c.N > maxEntries {
 			return r, fmt.Errorf("CQ of %d entries: %w", c.N, verbs.ErrInvalidArgument)
 		}
-		cq, err := ctx.CreateCQ(c.N, ch)
+		cq, err := ctx.CreateCQ(c.N, ch, c.Off)
 		if err != nil {
 			return r, err
 		}

@@ -126,6 +126,12 @@ type remoteContext struct {
 func (c *remoteContext) Device() verbs.DeviceAttr { return c.dev }
 func (c *remoteContext) Close() error             { return c.r.closeObj(c.h) }
 
+// WaitAsyncEvent is not carried by the agent's protocol: the conformance rules on
+// events run in one process, against the provider itself.
+func (c *remoteContext) WaitAsyncEvent(context.Context) (verbs.AsyncEvent, error) {
+	return verbs.AsyncEvent{}, fmt.Errorf("verbstest: remote async events: %w", verbs.ErrNotSupported)
+}
+
 func (c *remoteContext) QueryPort(num uint8) (verbs.PortAttr, error) {
 	rep, err := c.r.do(call{Op: "queryPort", H: c.h, N: int(num)}, 0)
 	if err != nil || rep.Port == nil {
@@ -154,8 +160,8 @@ func (c *remoteContext) CreateCompChannel() (verbs.CompChannel, error) {
 	return ch, nil
 }
 
-func (c *remoteContext) CreateCQ(cqe int, ch verbs.CompChannel) (verbs.CQ, error) {
-	cl := call{Op: "createCQ", H: c.h, N: cqe}
+func (c *remoteContext) CreateCQ(cqe int, ch verbs.CompChannel, vector int) (verbs.CQ, error) {
+	cl := call{Op: "createCQ", H: c.h, N: cqe, Off: vector}
 	if ch != nil {
 		rch, ok := ch.(*remoteChannel)
 		if !ok || rch.r != c.r {

@@ -41,7 +41,7 @@ type call struct {
 	H         uint64            `json:"h,omitempty"`    // the object called
 	Name      string            `json:"name,omitempty"` // device to open
 	N         int               `json:"n,omitempty"`    // length, CQ entries, port, count
-	Off       int               `json:"off,omitempty"`  // offset in a region
+	Off       int               `json:"off,omitempty"`  // offset in a region; completion vector of a new CQ
 	Access    verbs.AccessFlags `json:"access,omitempty"`
 	SendCQ    uint64            `json:"scq,omitempty"` // CQ handles of a new QP; channel of a new CQ
 	RecvCQ    uint64            `json:"rcq,omitempty"`

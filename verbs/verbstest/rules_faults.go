@@ -118,7 +118,7 @@ func testFaultAllocFailure(t *testing.T, p providers) {
 		{"context", func() (interface{ Close() error }, error) { return p.a.Open(devs[0].Name) }},
 		{"pd", func() (interface{ Close() error }, error) { return e.ctx.AllocPD() }},
 		{"mr", func() (interface{ Close() error }, error) { return e.pd.RegMR(4096, allAccess) }},
-		{"cq", func() (interface{ Close() error }, error) { return e.ctx.CreateCQ(16, nil) }},
+		{"cq", func() (interface{ Close() error }, error) { return e.ctx.CreateCQ(16, nil, 0) }},
 		{"channel", func() (interface{ Close() error }, error) { return e.ctx.CreateCompChannel() }},
 		{"qp", func() (interface{ Close() error }, error) {
 			return e.pd.CreateQP(verbs.QPInitAttr{SendCQ: e.scq, RecvCQ: e.rcq, Caps: e.cfg.caps})

@@ -37,8 +37,13 @@
 //     completes with WR_FLUSH_ERR, in order, unsignaled ones included.
 //   - DeadPeer: requests to a destroyed, reset, failed or unconnected peer end in
 //     RETRY_EXC_ERR.
-//   - FaultBreakLink, FaultRepairLink, FaultDelay, FaultFailQP, FaultAllocFailure: the
-//     behaviour of injected faults, for providers that implement [Faults].
+//   - FaultBreakLink, FaultRepairLink, FaultDelay, FaultFailQP, FaultAllocFailure,
+//     FaultFailQPEvent: the behaviour of injected faults, for providers that implement
+//     [Faults]; FaultPortDown, for providers that implement [PortFaults]: a port that
+//     goes down raises EventPortErr and loses requests without failing QPs, one that
+//     comes back raises EventPortActive.
+//   - AsyncEventsClosed, AsyncEventsContext: WaitAsyncEvent ends with ErrClosed once
+//     its context is closed, and with the Go context's error when that ends first.
 //
 // Where real devices legitimately differ, a rule accepts each behaviour the verbs contract
 // (the man pages, the InfiniBand specification) allows, and its comment says which and
@@ -149,6 +154,10 @@ var rules = []rule{
 	{"FaultDelay", testFaultDelay},
 	{"FaultFailQP", testFaultFailQP},
 	{"FaultAllocFailure", testFaultAllocFailure},
+	{"FaultFailQPEvent", testFaultFailQPEvent},
+	{"FaultPortDown", testFaultPortDown},
+	{"AsyncEventsClosed", testAsyncEventsClosed},
+	{"AsyncEventsContext", testAsyncEventsContext},
 
 	{"LocalProtection", testLocalProtection},
 	{"RTRReceives", testRTRReceives},

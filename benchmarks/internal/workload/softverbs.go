@@ -69,10 +69,10 @@ func NewSoftPair(fab *soft.Fabric, srcSize, ringSize int) (x, y *SoftEndpoint, c
 		if e.pd, err = e.ctx.AllocPD(); err != nil {
 			return nil, err
 		}
-		if e.SCQ, err = e.ctx.CreateCQ(2*SoftDepth, nil); err != nil {
+		if e.SCQ, err = e.ctx.CreateCQ(2*SoftDepth, nil, 0); err != nil {
 			return nil, err
 		}
-		if e.RCQ, err = e.ctx.CreateCQ(2*SoftDepth, nil); err != nil {
+		if e.RCQ, err = e.ctx.CreateCQ(2*SoftDepth, nil, 0); err != nil {
 			return nil, err
 		}
 		if e.Src, err = e.pd.RegMR(srcSize, verbs.AccessLocalWrite); err != nil {

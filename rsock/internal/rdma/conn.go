@@ -27,6 +27,9 @@ type Conn struct {
 	ep   *Endpoint
 	qp   queuePair
 	ctrl net.Conn // bootstrap connection: liveness and close notification
+	gen  uint64   // the endpoint's generation, in every WR ID (conn_flow.go)
+
+	stale atomic.Uint64 // completions of a destroyed QP of the same number, dropped
 
 	rmu, wmu sync.Mutex
 
@@ -91,13 +94,18 @@ type Conn struct {
 	closed   chan struct{} // closed by Close
 	rdl, wdl deadline
 
-	closeOnce  sync.Once
-	startOnce  sync.Once
-	closeErr   error
-	ctrlDone   chan struct{} // the control reader has exited
-	keepalive  *time.Timer
-	kaPeriod   time.Duration
-	graceTimer *time.Timer
+	closeOnce sync.Once
+	startOnce sync.Once
+	closeErr  error
+	ctrlDone  chan struct{} // the control reader has exited
+	keepalive *time.Timer
+	kaPeriod  time.Duration
+
+	// Silence (conn_alive.go), guarded by mu: completions seen, the count at the last
+	// keepalive period, and the periods in a row that saw none.
+	heard, heardMark uint64
+	silentPeriods    int
+	graceTimer       *time.Timer
 }
 
 // queuePair is what a Conn needs of its QP once connected: posting, its number, and
@@ -132,6 +140,7 @@ func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) 
 	c := &Conn{
 		ep:           ep,
 		qp:           ep.qp,
+		gen:          ep.gen,
 		ctrl:         ctrl,
 		fc:           fc,
 		peerRingAddr: peer.RingAddr,
@@ -243,7 +252,8 @@ func (d *deadline) set(t time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.timer != nil {
-		// A timer that already fired has closed its channel, or will find it replaced.
+		// A timer that already fired has closed its channel, or is waiting for mu and
+		// will find that it is no longer d.timer, and close nothing.
 		d.timer.Stop()
 		d.timer = nil
 	}
@@ -259,13 +269,18 @@ func (d *deadline) set(t time.Time) {
 		if closed {
 			ch = d.renew()
 		}
-		d.timer = time.AfterFunc(dur, func() {
+		// The callback checks that its timer is still the deadline's: one that fired
+		// while set was stopping it must not close the channel set keeps (nettest's
+		// ConcurrentMethods moves deadlines while they fire).
+		var timer *time.Timer
+		timer = time.AfterFunc(dur, func() {
 			d.mu.Lock()
-			if *d.expired.Load() == ch && !isClosed(ch) {
+			if d.timer == timer && *d.expired.Load() == ch && !isClosed(ch) {
 				close(ch)
 			}
 			d.mu.Unlock()
 		})
+		d.timer = timer
 		return
 	}
 	if !closed {

@@ -3,17 +3,50 @@ package rdma
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/rsockio/rsock/flowctl"
 	"github.com/rsockio/rsock/verbs"
 )
 
-// recvWRFlag marks receive WR IDs: an error completion's opcode is undefined, so the ID
-// alone must say which queue it came from.
-const recvWRFlag = 1 << 63
+// Work request IDs. Bit 63 marks receive WRs: an error completion's opcode is
+// undefined, so the ID alone must say which queue it came from. Bits 48 to 62 are the
+// endpoint's generation, bits 0 to 47 the send sequence number (mod 2^48) or the
+// receive WQE's index:
+//
+//	 63   62      48 47                                    0
+//	| R | generation |  send sequence / receive WQE index   |
+//
+// The generation is what makes teardown safe on a shared CQ. A QP moved to ERROR
+// flushes its outstanding WRs into the CQ, and not every device removes a destroyed
+// QP's completions from it (rxe leaves them); a QP created next may get the same
+// number (devices reuse them) and be attached to the same poller before the poller
+// has reaped the old ones. Completions are routed by QP number, so the new connection
+// would take the old one's flushes for its own and fail. Every endpoint gets a new
+// generation, and a Conn ignores completions of another.
+const (
+	recvWRFlag = 1 << 63
+	genShift   = 48
+	genMask    = (1<<15 - 1) << genShift
+	seqMask    = 1<<genShift - 1
+)
+
+// nextGen numbers endpoints: 2^15 endpoints in a row have distinct generations, and a
+// destroyed QP's completions, which precede any of its successor's in the CQ, are
+// reaped long before as many endpoints are created.
+var nextGen atomic.Uint64
+
+// newGen returns the next generation, shifted into place.
+func newGen() uint64 { return (nextGen.Add(1) << genShift) & genMask }
 
 // onCompletion handles one completion of this Conn's QP, on the poller's goroutine.
+// A completion of another generation belongs to a destroyed QP that had the same
+// number; it is counted and dropped.
 func (c *Conn) onCompletion(wc *verbs.WorkCompletion) {
+	if wc.WRID&genMask != c.gen {
+		c.stale.Add(1)
+		return
+	}
 	if wc.Status != verbs.WCSuccess {
 		c.mu.Lock()
 		c.failLocked(qpError("completion", wc.Err()))
@@ -24,7 +57,7 @@ func (c *Conn) onCompletion(wc *verbs.WorkCompletion) {
 		c.onRecv(wc)
 		return
 	}
-	c.onSendDone(wc.WRID)
+	c.onSendDone(wc.WRID & seqMask)
 }
 
 // onRecv re-posts the consumed receive WQE first (so WQE credit never waits for the
@@ -35,6 +68,7 @@ func (c *Conn) onRecv(wc *verbs.WorkCompletion) {
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.heardLocked()
 	if perr != nil {
 		c.failLocked(qpError("re-post receive", perr))
 		return
@@ -71,15 +105,17 @@ func (c *Conn) onRecv(wc *verbs.WorkCompletion) {
 	c.postControlLocked()
 }
 
-// onSendDone retires send WRs up to and including the signaled WR id, releasing their
-// staging space and send-queue slots.
-func (c *Conn) onSendDone(id uint64) {
+// onSendDone retires send WRs up to and including the signaled WR whose sequence
+// number is seq mod 2^48, releasing their staging space and send-queue slots.
+func (c *Conn) onSendDone(seq uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	id := c.sqDone + (seq-c.sqDone)&seqMask
 	if id < c.sqDone || id >= c.sqPosted {
 		c.failLocked(fmt.Errorf("%w: completion for unknown send %d", ErrQPFailed, id))
 		return
 	}
+	c.heardLocked()
 	c.sqDone = id + 1
 	// After a larger staging buffer replaced the old one, the old one's sends end
 	// below the new one's start: the head never moves back.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/rsockio/rsock/flowctl"
 	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/soft"
 )
 
 // arrive plays the peer's RDMA_WRITE_WITH_IMM of kind into c's ring at off: the bytes
@@ -104,4 +105,58 @@ func TestRecvViolations(t *testing.T) {
 			q.mu.Unlock()
 		})
 	}
+}
+
+// TestStaleCompletionsAfterQPNReuse hands a Conn the completions a destroyed QP of the
+// same number left in the shared CQ (flushed sends and receives of another generation):
+// it drops them and carries on, and still fails on a flush of its own. Then, on a soft
+// fabric that leaves destroyed QPs' completions in the CQ and reuses QP numbers at once
+// (as kernels may), connections are opened and closed in a row next to a busy one on
+// the same CQ, and every one of them works.
+func TestStaleCompletionsAfterQPNReuse(t *testing.T) {
+	t.Run("fake QP", func(t *testing.T) {
+		old, cur := newGen(), newGen()
+		c := newFakeConn(t, &fakeQP{qpn: 5})
+		c.gen = cur
+		stale := []verbs.WorkCompletion{
+			{WRID: old, Status: verbs.WCWRFlushErr, QPN: 5}, // send sequence 0
+			{WRID: recvWRFlag | old | 3, Status: verbs.WCWRFlushErr, QPN: 5},
+			{WRID: old | 7, Status: verbs.WCSuccess, Opcode: verbs.WCRDMAWrite, QPN: 5},
+		}
+		for i := range stale {
+			c.onCompletion(&stale[i])
+		}
+		require.NoError(t, connErr(c), "completions of another generation are not this Conn's")
+		require.Equal(t, uint64(len(stale)), c.stale.Load())
+		c.onCompletion(&verbs.WorkCompletion{WRID: recvWRFlag | cur | 3, Status: verbs.WCWRFlushErr, QPN: 5})
+		require.ErrorIs(t, connErr(c), ErrQPFailed, "a flush of its own generation fails the Conn")
+	})
+
+	t.Run("soft with the kernel's teardown", func(t *testing.T) {
+		f := soft.New(soft.Options{})
+		f.LeaveDestroyedCompletions(true)
+		f.ReuseQPNs(true)
+		opts := Options{RingSize: 16 << 10, SendBufferSize: 8 << 10}
+		x, y := connPair(t, f, opts)
+		bystander(t, x, y, func() {
+			qpns := make(map[uint32]int)
+			for i := range 50 {
+				a, b := connPair(t, f, opts)
+				qpns[a.qp.QPN()]++
+				msg := []byte{byte(i)}
+				_, err := a.Write(msg)
+				require.NoError(t, err, "connection %d", i)
+				got := make([]byte, 1)
+				_, err = io.ReadFull(b, got)
+				require.NoError(t, err, "connection %d", i)
+				require.Equal(t, msg, got)
+				require.NoError(t, a.Close())
+				require.NoError(t, b.Close())
+			}
+			require.Less(t, len(qpns), 50, "QP numbers were reused")
+		})
+		x.Close()
+		y.Close()
+		requireReleased(t, f)
+	})
 }

@@ -226,6 +226,18 @@ func (c *Conn) fillWR(i int, m flowctl.Msg, addr uint64, forceSignal bool) {
 	}
 }
 
+// fillProbeWR makes c.wrs[i] a signaled zero-length RDMA WRITE into the peer's ring:
+// a probe the peer's device acknowledges, invisible to flow control.
+func (c *Conn) fillProbeWR(i int) {
+	wr := &c.wrs[i]
+	wr.Opcode = verbs.OpRDMAWrite
+	wr.Imm = 0
+	wr.RemoteAddr = c.peerRingAddr
+	wr.RKey = c.peerRKey
+	wr.SGL = nil
+	wr.Flags = verbs.SendSignaled
+}
+
 // postLocked posts c.wrs[:n], whose staging bytes end at c.wrEnd[:n], numbering them and deciding which are signaled: every
 // signalEvery-th, and any after which half the staging buffer or more is in flight, so
 // that a writer waiting for staging or send-queue space always has a completion coming.
@@ -234,7 +246,7 @@ func (c *Conn) postLocked(n int) error {
 	for i := range n {
 		wr := &c.wrs[i]
 		id := c.sqPosted + uint64(i)
-		wr.ID = id
+		wr.ID = c.gen | id&seqMask
 		c.stageEnd[id%c.sqDepth] = c.wrEnd[i]
 		c.sinceSignal++
 		if c.sinceSignal >= c.signalEvery || 2*(c.stageTail-c.stageHead) >= size {
@@ -303,21 +315,41 @@ func (c *Conn) waitWritable() error {
 	}
 }
 
-// sendKeepalive posts a keepalive on the QP when one may be sent (it proves the path;
-// a broken link then fails the Conn even when the application is idle), and one byte on
-// the control channel, then rearms its timer.
+// sendKeepalive runs every keepalive period from Start: it checks that the peer's
+// device answered since the last periods (see checkSilenceLocked), probes the path on
+// the QP, and sends one byte on the control channel, then rearms its timer.
+//
+// The probe is a signaled keepalive message when flowctl has credit for one (it
+// carries any credit owed), else a zero-length RDMA WRITE, which needs no credit: it
+// consumes no receive WQE and writes no byte. Either is acknowledged by the peer's
+// device whatever its application does; on a dead path it fails with the QP's retry
+// budget (RETRY_EXC_ERR), so an idle connection learns of the path's death within a
+// period and that budget, from the start of the connection.
+//
+// Once the peer's FIN has arrived, or its control channel has closed, the QP is
+// neither probed nor watched for silence: nothing more will arrive to wait for, our
+// own writes still fail on a dead path, and the peer's QP may already be destroyed, so
+// a probe could only fail a stream that ended cleanly. The control byte still goes
+// out: a peer that half-closed still expects it.
 func (c *Conn) sendKeepalive() {
 	c.mu.Lock()
 	if c.closing || c.err != nil {
 		c.mu.Unlock()
 		return
 	}
-	if c.sqPosted-c.sqDone < c.sqDepth {
+	ended := c.peerGone || c.fc.PeerClosed()
+	if !ended && c.checkSilenceLocked() {
+		c.mu.Unlock()
+		return
+	}
+	if !ended && c.sqPosted-c.sqDone < c.sqDepth {
 		if m, ok := c.fc.Keepalive(); ok {
-			c.fillWR(0, m, 0, false)
-			c.wrEnd[0] = c.stageTail
-			c.postLocked(1)
+			c.fillWR(0, m, 0, true)
+		} else {
+			c.fillProbeWR(0)
 		}
+		c.wrEnd[0] = c.stageTail
+		c.postLocked(1)
 	}
 	c.idleShrinkLocked()
 	c.mu.Unlock()

@@ -37,6 +37,8 @@ type device struct {
 	mu      sync.Mutex
 	conns   int // endpoints admitted
 	pollers []*poller
+
+	events deviceEvents // the async event listener (events.go)
 }
 
 // portPath is where one connection leaves its device: the port and the source GID
@@ -104,7 +106,7 @@ func acquireDevice(ctx context.Context, p verbs.Provider, ip netip.Addr, sel ver
 
 	devices.Lock()
 	d := devices.open[key]
-	if d == nil {
+	if d == nil || d.events.fatal.Load() {
 		d = &device{key: key, attr: devAttr, ready: make(chan struct{})}
 		devices.open[key] = d
 		go d.open(p)
@@ -139,6 +141,9 @@ func (d *device) open(p verbs.Provider) {
 	if (err != nil || abandoned) && devices.open[d.key] == d {
 		delete(devices.open, d.key)
 	}
+	if err == nil && !abandoned {
+		d.events.start(d)
+	}
 	close(d.ready)
 	devices.Unlock()
 	if abandoned {
@@ -170,7 +175,9 @@ type attrListing struct {
 	until    time.Time // guarded by attrCache: when a successful listing goes stale
 }
 
-// deviceAttrs returns p.Devices(), cached for attrCacheTTL and shared by concurrent
+// deviceAttrs returns p.Devices(), cached for attrCacheTTL while a device of p is open
+// (its event listener drops the listing on any port change, events.go; with none open,
+// nothing would, and a finished listing is not reused) and shared by concurrent
 // callers; it returns ctx.Err() if ctx ends first. Errors are not cached: the callers
 // that shared a failed listing all get its error, and the next caller lists again.
 // p must be comparable.
@@ -178,7 +185,7 @@ func deviceAttrs(ctx context.Context, p verbs.Provider) ([]verbs.DeviceAttr, err
 	now := time.Now()
 	attrCache.Lock()
 	l := attrCache.byProvider[p]
-	if l == nil || (l.finished && !now.Before(l.until)) {
+	if l == nil || (l.finished && (!now.Before(l.until) || !listened(p))) {
 		for k, v := range attrCache.byProvider { // drop stale providers (tests make many)
 			if v.finished && !now.Before(v.until) {
 				delete(attrCache.byProvider, k)
@@ -236,6 +243,7 @@ func (d *device) release() error {
 	// Closing under the lock keeps a new acquireDevice from opening the same device
 	// while this one is being torn down.
 	defer devices.Unlock()
+	d.events.stop()
 	d.mu.Lock()
 	pollers := d.pollers
 	d.pollers = nil
@@ -265,7 +273,9 @@ func (d *device) pollerFor(entries, cqSize, spin int) (*poller, error) {
 	if max := d.attr.MaxCQE; max > 0 && cqSize > max {
 		cqSize = max
 	}
-	p, err := newPoller(d.ctx, cqSize, spin)
+	// Round-robin over the completion vectors, so that the CQs' interrupts (and the
+	// pollers they wake) spread over the CPUs the device spreads its vectors over.
+	p, err := newPoller(d.ctx, cqSize, spin, len(d.pollers)%max(d.attr.NumCompVectors, 1))
 	if err != nil {
 		return nil, err
 	}

@@ -25,8 +25,17 @@
 // Files follow the data path: setup.go (resources and QP transitions), conn_send.go
 // (Write), conn_recv.go (Read and spilling), conn_spill.go (the unpinned receive
 // buffer), conn_flow.go (credits and completions), conn_close.go (FIN and teardown),
-// poller.go (completion polling shared by many connections), device.go (per-device
-// shared context and CQs), caps.go (device limits).
+// poller.go (completion polling shared by many connections, one CQ per poller, spread
+// over the device's completion vectors), device.go (per-device shared context and
+// CQs), events.go (the device's asynchronous events: a fatal device or a port going
+// down fails its connections at once, port changes refresh the device listing),
+// conn_alive.go (liveness: the keepalive probe and the silence bound), caps.go (device
+// limits), budget.go (registered-memory budget and RLIMIT_MEMLOCK), conn_resize.go
+// (rings that grow and shrink).
+//
+// Work request IDs carry the endpoint's generation (conn_flow.go), so a destroyed QP's
+// completions, which some devices leave in the shared CQ, never reach the connection
+// whose QP reuses its number.
 //
 // # Isolation
 //

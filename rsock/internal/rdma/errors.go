@@ -47,4 +47,11 @@ var (
 	ErrProtocol = errors.New("rdma: protocol violation by peer")
 	// ErrCQFailed reports that the completion queue the connection shares failed.
 	ErrCQFailed = errors.New("rdma: completion queue failed")
+	// ErrDeviceFatal reports that the RDMA device raised a fatal asynchronous event
+	// (IBV_EVENT_DEVICE_FATAL): every connection on it fails at once.
+	ErrDeviceFatal = errors.New("rdma: device failed")
+	// ErrPortDown reports that the connection's port left the active state
+	// (IBV_EVENT_PORT_ERR: link down, netdev down): every connection on the port
+	// fails at once.
+	ErrPortDown = errors.New("rdma: port went down")
 )

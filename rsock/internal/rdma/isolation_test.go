@@ -72,7 +72,7 @@ func newRogue(t *testing.T, p verbs.Provider) *rogue {
 	})
 	r.pd, err = r.ctx.AllocPD()
 	require.NoError(t, err)
-	r.cq, err = r.ctx.CreateCQ(64, nil)
+	r.cq, err = r.ctx.CreateCQ(64, nil, 0)
 	require.NoError(t, err)
 	r.mr, err = r.pd.RegMR(rogueRegion, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
 	require.NoError(t, err)

@@ -76,15 +76,17 @@ func (p *poller) caughtUpSince(mark uint64) bool {
 	return p.asleep.Load() || p.emptied.Load() != mark
 }
 
-func newPoller(ctx verbs.Context, capacity, spin int) (*poller, error) {
+// newPoller creates a CQ of capacity entries on completion vector vector, with a
+// completion channel of its own, and the poller that reaps it.
+func newPoller(ctx verbs.Context, capacity, spin, vector int) (*poller, error) {
 	ch, err := ctx.CreateCompChannel()
 	if err != nil {
 		return nil, fmt.Errorf("create completion channel: %w", err)
 	}
-	cq, err := ctx.CreateCQ(capacity, ch)
+	cq, err := ctx.CreateCQ(capacity, ch, vector)
 	if err != nil {
 		ch.Close()
-		return nil, fmt.Errorf("create CQ of %d entries: %w", capacity, err)
+		return nil, fmt.Errorf("create CQ of %d entries on completion vector %d: %w", capacity, vector, err)
 	}
 	return &poller{cq: cq, ch: ch, qpCQ: cq, spin: spin, capacity: capacity, handlers: make(map[uint32]completionHandler)}, nil
 }
@@ -141,6 +143,17 @@ func (p *poller) detach(qpn uint32) {
 	if done != nil {
 		<-done
 	}
+}
+
+// handlerList returns the handlers attached now.
+func (p *poller) handlerList() []completionHandler {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	hs := make([]completionHandler, 0, len(p.handlers))
+	for _, h := range p.handlers {
+		hs = append(hs, h)
+	}
+	return hs
 }
 
 // close destroys the CQ and channel. The poller must be idle.

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/soft"
 )
 
 // fakeCQ is a completion queue and its channel in one, for driving a poller without a
@@ -213,4 +214,58 @@ func TestPollerCaughtUpSince(t *testing.T) {
 	mark = p.emptied.Load()
 	p.asleep.Store(true)
 	require.True(t, p.caughtUpSince(mark), "asleep: nothing left to reap")
+}
+
+// vectorProvider is a soft fabric whose contexts record the completion vector of every
+// CQ created on them.
+type vectorProvider struct {
+	*soft.Fabric
+	mu      sync.Mutex
+	vectors []int
+}
+
+func (p *vectorProvider) Open(name string) (verbs.Context, error) {
+	c, err := p.Fabric.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	return &vectorContext{Context: c, p: p}, nil
+}
+
+type vectorContext struct {
+	verbs.Context
+	p *vectorProvider
+}
+
+func (c *vectorContext) CreateCQ(cqe int, ch verbs.CompChannel, vector int) (verbs.CQ, error) {
+	c.p.mu.Lock()
+	c.p.vectors = append(c.p.vectors, vector)
+	c.p.mu.Unlock()
+	return c.Context.CreateCQ(cqe, ch, vector)
+}
+
+// TestPollersSpreadOverVectors makes every connection need a CQ of its own: the CQs
+// are created on the device's completion vectors in turn, wrapping around.
+func TestPollersSpreadOverVectors(t *testing.T) {
+	p := &vectorProvider{Fabric: soft.New(soft.Options{})}
+	devs, err := p.Devices()
+	require.NoError(t, err)
+	n := devs[0].NumCompVectors
+	require.Greater(t, n, 1, "soft reports several completion vectors")
+	opts := Options{RingSize: MinRingSize, SendBufferSize: 1024, SendWQEs: 8, RecvWQEs: 8, CQSize: 16}
+	var eps []*Endpoint
+	for range n + 2 {
+		ep, err := Prepare(p, loopback, opts)
+		require.NoError(t, err)
+		eps = append(eps, ep)
+	}
+	want := make([]int, n+2)
+	for i := range want {
+		want[i] = i % n
+	}
+	require.Equal(t, want, p.vectors, "completion vectors of the CQs, in creation order")
+	for _, ep := range eps {
+		require.NoError(t, ep.Abort())
+	}
+	requireReleased(t, p.Fabric)
 }

@@ -199,6 +199,7 @@ type Endpoint struct {
 
 	// What is charged to opts.Budget: queue pairs and registered bytes.
 	qpCharge, memCharge int
+	gen                 uint64 // generation in every WR ID (conn_flow.go)
 }
 
 // Prepare is PrepareContext with a background context.
@@ -219,7 +220,7 @@ func PrepareContext(ctx context.Context, p verbs.Provider, ip netip.Addr, opts O
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	ep := &Endpoint{opts: opts}
+	ep := &Endpoint{opts: opts, gen: newGen()}
 	if err := ep.charge(1, 0); err != nil {
 		return nil, fmt.Errorf("queue pair: %w", err)
 	}
@@ -270,7 +271,7 @@ func PrepareContext(ctx context.Context, p verbs.Provider, ip netip.Addr, opts O
 	}
 	var recv [1]verbs.RecvWR
 	for i := range opts.RecvWQEs {
-		recv[0].ID = recvWRFlag | uint64(i)
+		recv[0].ID = recvWRFlag | ep.gen | uint64(i)
 		if err = ep.qp.PostRecv(recv[:]); err != nil {
 			return nil, fmt.Errorf("post receive WQE %d: %w", i, err)
 		}
