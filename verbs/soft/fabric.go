@@ -85,8 +85,8 @@ type Fabric struct {
 		contexts, pds, mrs, cqs, qps, channels atomic.Int64
 	}
 
-	configErr error // an invalid Options.Ports, returned by Devices and Open
-	teardown teardownModel // teardown.go
+	configErr error         // an invalid Options.Ports, returned by Devices and Open
+	teardown  teardownModel // teardown.go
 }
 
 // The soft types implement the verbs interfaces.
