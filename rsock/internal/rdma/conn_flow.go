@@ -13,6 +13,10 @@ const recvWRFlag = 1 << 63
 
 // onCompletion handles one completion of this Conn's QP, on the poller's goroutine.
 func (c *Conn) onCompletion(wc *verbs.WorkCompletion) {
+	if wc.WRID == proofRecvID {
+		c.onProof(wc)
+		return
+	}
 	if wc.Status != verbs.WCSuccess {
 		c.mu.Lock()
 		c.failLocked(qpError("completion", wc.Err()))

@@ -196,8 +196,7 @@ func TestSparseGIDTable(t *testing.T) {
 	require.NoError(t, err)
 	b, err := eb.Connect(ea.Offer(), cb, 0)
 	require.NoError(t, err)
-	a.Start()
-	b.Start()
+	startPair(t, a, b)
 	require.Equal(t, []uint8{5, 5}, p.sgidIndex, "SGIDIndex of the two QPs")
 
 	msg := []byte("across a table with holes")

@@ -40,6 +40,16 @@ type Options struct {
 	// after them, to be acknowledged by the peer (see "Closing" in the package docs).
 	// Default 5 s; negative means Close does not wait.
 	Linger time.Duration
+
+	// TrafficClass is the GRH traffic class of the QP's packets: for RoCE v2 the IP
+	// header's DSCP (upper six bits) and ECN (lower two). Default 0.
+	TrafficClass uint8
+	// ServiceLevel is the QP's service level, 0 to 15 (RoCE: the VLAN priority the
+	// device maps it to). Default 0.
+	ServiceLevel uint8
+	// RoCEVersion is the preferred RoCE version of the source GID, 1 or 2; 0 means no
+	// preference. The device selector consumes it (see PrepareContext).
+	RoCEVersion int
 }
 
 // Defaults. An idle connection holds RingSize+SendBufferSize = 192 KiB of registered
@@ -94,6 +104,10 @@ func (o Options) validate() error {
 		return fmt.Errorf("send queue depth %d is below 4", o.SendWQEs)
 	case o.ReadBufferSize > MaxReadBufferSize:
 		return fmt.Errorf("read buffer of %d bytes is above %d", o.ReadBufferSize, MaxReadBufferSize)
+	case o.ServiceLevel > 15:
+		return fmt.Errorf("service level %d is above 15", o.ServiceLevel)
+	case o.RoCEVersion < 0 || o.RoCEVersion > 2:
+		return fmt.Errorf("RoCE version %d is not 1 or 2 (0: no preference)", o.RoCEVersion)
 	}
 	return nil
 }
@@ -147,6 +161,9 @@ func PrepareContext(ctx context.Context, p verbs.Provider, ip netip.Addr, opts O
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
+	// ROCE VERSION PREFERENCE: the single call site of the device selector.
+	// opts.RoCEVersion (1, 2, or 0 for none) is to be passed here once the selector takes
+	// an optional preference; until then the selector's own choice stands.
 	dev, path, err := acquireDevice(ctx, p, ip)
 	if err != nil {
 		return nil, err
@@ -155,7 +172,8 @@ func PrepareContext(ctx context.Context, p verbs.Provider, ip netip.Addr, opts O
 		dev.release()
 		return nil, fmt.Errorf("%w: %d on %s", ErrTooManyConns, opts.MaxConns, dev.attr.Name)
 	}
-	ep := &Endpoint{opts: opts, dev: dev, path: path, admitted: true, entries: opts.SendWQEs + opts.RecvWQEs}
+	// One more receive WQE than opts.RecvWQEs: the proof WQE (conn_proof.go).
+	ep := &Endpoint{opts: opts, dev: dev, path: path, admitted: true, entries: opts.SendWQEs + opts.RecvWQEs + 1}
 	defer func() {
 		if err != nil {
 			ep.release()
@@ -176,7 +194,7 @@ func PrepareContext(ctx context.Context, p verbs.Provider, ip netip.Addr, opts O
 		SendCQ: ep.poller.qpCQ,
 		RecvCQ: ep.poller.qpCQ,
 		Caps: verbs.QPCaps{
-			MaxSendWR: opts.SendWQEs, MaxRecvWR: opts.RecvWQEs,
+			MaxSendWR: opts.SendWQEs, MaxRecvWR: opts.RecvWQEs + 1,
 			MaxSendSGE: 1, MaxRecvSGE: 1, MaxInlineData: ep.inline,
 		},
 	})
@@ -185,6 +203,11 @@ func PrepareContext(ctx context.Context, p verbs.Provider, ip netip.Addr, opts O
 	}
 	if err = ep.qp.ToInit(verbs.InitAttr{Port: path.port.Num, Access: verbs.AccessRemoteWrite}); err != nil {
 		return nil, fmt.Errorf("QP to INIT: %w", err)
+	}
+	// The proof WQE first: the peer's first message lands in it (conn_proof.go).
+	proofSGE := []verbs.SGE{{Addr: ep.ring.Addr(), Length: ProofMaxLen, LKey: ep.ring.LKey()}}
+	if err = ep.qp.PostRecv([]verbs.RecvWR{{ID: proofRecvID, SGL: proofSGE}}); err != nil {
+		return nil, fmt.Errorf("post the proof WQE: %w", err)
 	}
 	var recv [1]verbs.RecvWR
 	for i := range opts.RecvWQEs {
@@ -238,6 +261,7 @@ func (ep *Endpoint) connectQP(peer Offer) error {
 			LID: peer.LID, Port: ep.path.port.Num, IsGlobal: true,
 			// The hardware index (selectPort never picks one above 255).
 			DestGID: peer.GID, SGIDIndex: uint8(ep.path.gid.Index), HopLimit: 64,
+			TrafficClass: ep.opts.TrafficClass, SL: ep.opts.ServiceLevel,
 		},
 		MinRNRTimer: 12, // 0.64 ms; flow control keeps RNR from happening at all
 	})
