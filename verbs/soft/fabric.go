@@ -75,6 +75,7 @@ type Fabric struct {
 	faultsUsed atomic.Bool
 	linkMu     sync.RWMutex
 	links      map[[2]int]linkFault // by ordered device index pair
+	paths      pathTable            // path.go
 
 	live struct {
 		contexts, pds, mrs, cqs, qps, channels atomic.Int64

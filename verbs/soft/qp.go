@@ -64,6 +64,7 @@ type sendQueue struct {
 	// Connection, set by ToRTR and ToRTS.
 	destDev  *device // device of the destination GID, nil if no device has it
 	destQPN  uint32
+	av       verbs.AddressVector // as ToRTR was given it (path.go, query.go)
 	mtu      uint32
 	psn      uint32 // PSN of the next request
 	timeout  uint8
@@ -243,6 +244,7 @@ func (q *QP) ToRTR(attr verbs.RTRAttr) error {
 	}
 	dest := q.dev.fab.byGID[attr.Dest.DestGID]
 	q.sq.destDev, q.sq.destQPN, q.sq.mtu, q.sq.peer = dest, attr.DestQPN, uint32(attr.PathMTU.Bytes()), nil
+	q.sq.av = attr.Dest
 	q.rq.srcDev, q.rq.srcQPN, q.rq.mtu = dest, attr.DestQPN, uint32(attr.PathMTU.Bytes())
 	q.rq.epsn, q.rq.minRNR = attr.RQPSN, attr.MinRNRTimer
 	return nil
@@ -307,6 +309,7 @@ func (q *QP) ToReset() error {
 func (s *sendQueue) reset(polled uint64) {
 	s.posted, s.unreported = polled, 0
 	s.destDev, s.destQPN, s.mtu, s.psn, s.peer = nil, 0, 0, 0, nil
+	s.av = verbs.AddressVector{}
 	s.timeout, s.retry, s.rnrRetry, s.rnrTimer = 0, 0, 0, 0
 }
 
