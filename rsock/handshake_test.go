@@ -501,6 +501,10 @@ func TestConfigErrors(t *testing.T) {
 		{"negative send buffer", "tcp", &Config{SendBufferSize: -1}, "negative SendBufferSize -1"},
 		{"negative receive WQEs", "tcp", &Config{RecvWQEs: -1}, "negative RecvWQEs -1"},
 		{"read buffer", "tcp", &Config{ReadBufferSize: 2 << 30}, "ReadBufferSize 2147483648 is above 1 GiB"},
+		{"traffic class", "tcp", &Config{TrafficClass: 256}, "TrafficClass 256 is not in 0..255"},
+		{"negative traffic class", "tcp", &Config{TrafficClass: -1}, "TrafficClass -1 is not in 0..255"},
+		{"service level", "tcp", &Config{ServiceLevel: 16}, "ServiceLevel 16 is not in 0..15"},
+		{"RoCE version", "tcp", &Config{RoCEVersion: 3}, "RoCEVersion 3 is not 1 or 2"},
 	}
 	for _, tt := range tests {
 		_, err := Listen(tt.network, "127.0.0.1:0", tt.cfg)

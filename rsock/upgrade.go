@@ -390,6 +390,9 @@ func (c *Config) rdmaOptions() rdma.Options {
 		MaxConns:       c.MaxRDMAConns,
 		ReadBufferSize: c.ReadBufferSize,
 		Linger:         c.Linger,
+		TrafficClass:   uint8(c.TrafficClass), // resolve checked the ranges
+		ServiceLevel:   uint8(c.ServiceLevel),
+		RoCEVersion:    c.RoCEVersion,
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/rsockio/rsock/rsock/internal/rdma"
 	"github.com/rsockio/rsock/verbs"
 	"github.com/rsockio/rsock/verbs/soft"
 )
@@ -388,4 +389,37 @@ func TestConfirmWithoutProof(t *testing.T) {
 	io.ReadAll(a.raw) // until the server closes it
 	requireLogged(t, &logs, "no proof arrived over RDMA")
 	requireServing(t, ln, ccfg)
+}
+
+// TestUpgradeTrafficClass: Config's TrafficClass and ServiceLevel reach the address
+// vector of both sides' QPs, as the device reports it (ibv_query_qp where the build and
+// the machine have a device: rxe in the VM), and the connection moves bytes.
+func TestUpgradeTrafficClass(t *testing.T) {
+	providers := map[string]verbs.Provider{"soft": soft.New(soft.Options{})}
+	if p, err := defaultProvider(); err == nil {
+		providers["default-"+p.Name()] = p
+	}
+	for name, p := range providers {
+		t.Run(name, func(t *testing.T) {
+			scfg, ccfg := configs(t, FallbackTCP)
+			for _, cfg := range []*Config{scfg, ccfg} {
+				cfg.Provider, cfg.TrafficClass, cfg.ServiceLevel = p, 26<<2, 3 // DSCP 26 (AF31)
+			}
+			ln := listen(t, scfg)
+			c, s := pipe(t, ln, ccfg)
+			defer c.Close()
+			defer s.Close()
+			for side, conn := range map[string]*Conn{"client": c, "server": s} {
+				require.Equal(t, TransportRDMA, conn.Transport(), "%s: %v", side, conn.FallbackReason())
+				rc, ok := conn.s.(*rdma.Conn)
+				require.True(t, ok, "%s: an RDMA Conn's stream", side)
+				attr, err := rc.QueryQP()
+				require.NoError(t, err, side)
+				require.Equal(t, verbs.QPStateRTS, attr.State, side)
+				require.Equal(t, uint8(26<<2), attr.Dest.TrafficClass, "%s: traffic class", side)
+				require.Equal(t, uint8(3), attr.Dest.SL, "%s: service level", side)
+			}
+			exchange(t, c, s, "in a lossless class")
+		})
+	}
 }

@@ -135,3 +135,14 @@ func (c *Conn) SetPeerRing(addr uint64, rkey uint32) {
 	c.peerRingAddr, c.peerRKey = addr, rkey
 	c.mu.Unlock()
 }
+
+// QueryQP reports the attributes the Conn's QP runs with, as the device applied them
+// (traffic class and service level included), where the provider can say
+// ([verbs.QPQuerier]).
+func (c *Conn) QueryQP() (verbs.QPAttr, error) {
+	q, ok := c.qp.(verbs.QPQuerier)
+	if !ok {
+		return verbs.QPAttr{}, fmt.Errorf("rdma: query QP: the provider's QPs do not report their attributes")
+	}
+	return q.Query()
+}
