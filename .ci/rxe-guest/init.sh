@@ -24,6 +24,7 @@ echo 3 > /proc/sys/kernel/printk
 . /ci/lib.sh
 . /ci/net.sh
 . /ci/examples.sh
+. /ci/path.sh
 . /ci/perf.sh
 
 echo "@@GUEST kernel $(uname -r), $(grep -c ^processor /proc/cpuinfo) CPUs, $(awk '/MemTotal/ { print $2 / 1024 " MiB" }' /proc/meminfo), up $(uptime_s) s"
@@ -101,6 +102,9 @@ done
 cmd_step examples_echo example_echo
 cmd_step examples_http example_http
 cmd_step examples_grpc example_grpc
+
+# RoCE filtered between the hosts: the connection falls back, nothing is lost (path.sh).
+cmd_step path_filtered path_filtered
 
 # rsockperf next to perftest and rstream.
 : > /tmp/perf.txt
