@@ -25,6 +25,21 @@ import (
 // loopbackGID is the GID every soft test connection on 127.0.0.1 uses.
 var loopbackGID = verbs.GIDFromAddr(netip.MustParseAddr("127.0.0.1"))
 
+// bindingProviders are the providers the binding tests run on: soft, with timers scaled
+// down, and the default provider where the build and the machine have one (rxe in the
+// VM), each made fresh per test.
+func bindingProviders(t *testing.T) map[string]func() verbs.Provider {
+	ps := map[string]func() verbs.Provider{
+		"soft": func() verbs.Provider { return soft.New(soft.Options{TimeScale: 0.01}) },
+	}
+	if p, err := defaultProvider(); err == nil {
+		ps["default-"+p.Name()] = func() verbs.Provider { return p }
+	} else {
+		t.Logf("no default provider here, soft only: %v", err)
+	}
+	return ps
+}
+
 // exchange writes msg each way and checks that it arrives.
 func exchange(t *testing.T, c, s net.Conn, msg string) {
 	t.Helper()
@@ -180,54 +195,62 @@ func TestHelloReplayed(t *testing.T) {
 		{name: "confirm unproven", confirm: []byte{confirmUnproven}, reason: ErrPathUnproven},
 		{name: "close", logged: "read confirmation"},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			fab := soft.New(soft.Options{TimeScale: 0.01})
-			var logs logBuffer
-			scfg, ccfg := rdmaConfigs(t, FallbackTCP, fab)
-			scfg.Logger = logs.logger()
-			ln := listen(t, scfg)
+	for pname, provider := range bindingProviders(t) {
+		for _, tt := range tests {
+			t.Run(pname+"/"+tt.name, func(t *testing.T) {
+				var logs logBuffer
+				scfg, ccfg := providerConfigs(t, provider())
+				scfg.Logger = logs.logger()
+				ln := listen(t, scfg)
 
-			// The victim, through a proxy that records its offer.
-			p := startProxy(t, ln.Addr().String(), false)
-			victim, err := Dial("tcp", p.addr, ccfg)
-			require.NoError(t, err)
-			defer victim.Close()
-			vs, err := ln.AcceptRsock()
-			require.NoError(t, err)
-			defer vs.Close()
-			require.Equal(t, TransportRDMA, victim.Transport(), "victim: %v", victim.FallbackReason())
-			offer := p.offer(t)
+				// The victim, through a proxy that records its offer.
+				p := startProxy(t, ln.Addr().String(), false)
+				victim, err := Dial("tcp", p.addr, ccfg)
+				require.NoError(t, err)
+				defer victim.Close()
+				vs, err := ln.AcceptRsock()
+				require.NoError(t, err)
+				defer vs.Close()
+				require.Equal(t, TransportRDMA, victim.Transport(), "victim: %v", victim.FallbackReason())
+				offer := p.offer(t)
 
-			// The replay.
-			raw := dialRaw(t, ln)
-			_, err = raw.Write(offer)
-			require.NoError(t, err)
-			var hr helloReader
-			h, err := hr.read(raw)
-			require.NoError(t, err)
-			require.Equal(t, helloAccept, h.kind)
-			require.Equal(t, rdmaEndpointLen, len(h.rdma.appendTo(nil)), "the accept carries no ring")
-			if tt.confirm != nil {
-				_, err = raw.Write(tt.confirm)
+				// The replay.
+				raw := dialRaw(t, ln)
+				_, err = raw.Write(offer)
 				require.NoError(t, err)
-			} else {
-				raw.(*net.TCPConn).CloseWrite()
-			}
-			if tt.reason != nil {
-				s, err := ln.AcceptRsock()
+				var hr helloReader
+				h, err := hr.read(raw)
 				require.NoError(t, err)
-				require.Equal(t, TransportTCP, s.Transport())
-				require.ErrorIs(t, s.FallbackReason(), tt.reason)
-				s.Close()
-			} else {
-				io.ReadAll(raw) // until the server closes it
-				requireLogged(t, &logs, tt.logged)
-			}
-			exchange(t, victim, vs, "the victim's stream is untouched")
-			requireServing(t, ln, ccfg)
-		})
+				require.Equal(t, helloAccept, h.kind)
+				require.Equal(t, rdmaEndpointLen, len(h.rdma.appendTo(nil)), "the accept carries no ring")
+				if tt.confirm != nil {
+					_, err = raw.Write(tt.confirm)
+					require.NoError(t, err)
+				} else {
+					raw.(*net.TCPConn).CloseWrite()
+				}
+				if tt.reason != nil {
+					s, err := ln.AcceptRsock()
+					require.NoError(t, err)
+					require.Equal(t, TransportTCP, s.Transport())
+					require.ErrorIs(t, s.FallbackReason(), tt.reason)
+					s.Close()
+				} else {
+					io.ReadAll(raw) // until the server closes it
+					requireLogged(t, &logs, tt.logged)
+				}
+				exchange(t, victim, vs, "the victim's stream is untouched")
+				requireServing(t, ln, ccfg)
+			})
+		}
 	}
+}
+
+// providerConfigs returns server and client Configs on provider p over TCP.
+func providerConfigs(t *testing.T, p verbs.Provider) (server, client *Config) {
+	server, client = configs(t, FallbackTCP)
+	server.Provider, client.Provider = p, p
+	return server, client
 }
 
 // requireLogged checks that a failed handshake was logged with text. The Listener logs
@@ -244,9 +267,14 @@ func requireLogged(t *testing.T, logs *logBuffer, text string) {
 // QP never receives a proof, so the server fails that handshake instead of handing out
 // a second RDMA Conn.
 func TestHelloSpliced(t *testing.T) {
-	fab := soft.New(soft.Options{TimeScale: 0.01})
+	for pname, provider := range bindingProviders(t) {
+		t.Run(pname, func(t *testing.T) { testHelloSpliced(t, provider()) })
+	}
+}
+
+func testHelloSpliced(t *testing.T, provider verbs.Provider) {
 	var logs logBuffer
-	scfg, ccfg := rdmaConfigs(t, FallbackTCP, fab)
+	scfg, ccfg := providerConfigs(t, provider)
 	scfg.Logger = logs.logger()
 	ln := listen(t, scfg)
 	p := startProxy(t, ln.Addr().String(), true)
@@ -276,9 +304,10 @@ type attacker struct {
 	accept rdmaEndpoint
 }
 
-func newAttacker(t *testing.T, fab *soft.Fabric, ln *Listener) *attacker {
+func newAttacker(t *testing.T, p verbs.Provider, ln *Listener) *attacker {
 	t.Helper()
-	ctx, err := fab.Open("soft0")
+	dev, port, gid := loopbackDevice(t, p)
+	ctx, err := p.Open(dev)
 	require.NoError(t, err)
 	t.Cleanup(func() { ctx.Close() })
 	pd, err := ctx.AllocPD()
@@ -294,7 +323,7 @@ func newAttacker(t *testing.T, fab *soft.Fabric, ln *Listener) *attacker {
 	a.qp, err = pd.CreateQP(verbs.QPInitAttr{SendCQ: a.cq, RecvCQ: a.cq, Caps: verbs.QPCaps{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}})
 	require.NoError(t, err)
 	t.Cleanup(func() { a.qp.Close() })
-	require.NoError(t, a.qp.ToInit(verbs.InitAttr{Port: 1, Access: verbs.AccessRemoteWrite}))
+	require.NoError(t, a.qp.ToInit(verbs.InitAttr{Port: port, Access: verbs.AccessRemoteWrite}))
 	a.offer = rdmaEndpoint{GID: loopbackGID, MTU: verbs.MTU1024, QPN: a.qp.QPN(), PSN: 0x42, RingSize: 4096, RecvWQEs: 8, Nonce: newNonce()}
 	_, err = a.raw.Write(offerHello(&a.offer).appendTo(nil))
 	require.NoError(t, err)
@@ -305,10 +334,29 @@ func newAttacker(t *testing.T, fab *soft.Fabric, ln *Listener) *attacker {
 	a.accept = h.rdma
 	require.NoError(t, a.qp.ToRTR(verbs.RTRAttr{
 		PathMTU: verbs.MTU1024, DestQPN: a.accept.QPN, RQPSN: a.accept.PSN,
-		Dest: verbs.AddressVector{Port: 1, IsGlobal: true, DestGID: a.accept.GID, SGIDIndex: 1, HopLimit: 64},
+		Dest: verbs.AddressVector{Port: port, IsGlobal: true, DestGID: a.accept.GID, SGIDIndex: gid, HopLimit: 64},
 	}))
 	require.NoError(t, a.qp.ToRTS(verbs.RTSAttr{SQPSN: 0x42, Timeout: 14, RetryCount: 7, RNRRetry: 7}))
 	return a
+}
+
+// loopbackDevice finds the device, port and GID index (the hardware's) that hold
+// 127.0.0.1 on provider p.
+func loopbackDevice(t *testing.T, p verbs.Provider) (dev string, port, gid uint8) {
+	t.Helper()
+	devs, err := p.Devices()
+	require.NoError(t, err)
+	for _, d := range devs {
+		for _, pa := range d.Ports {
+			for _, g := range pa.GIDs {
+				if g.GID == loopbackGID && g.Index < 256 {
+					return d.Name, pa.Num, uint8(g.Index)
+				}
+			}
+		}
+	}
+	t.Fatalf("no device of %s holds 127.0.0.1", p.Name())
+	return "", 0, 0
 }
 
 // send posts b as one signaled SEND and waits for its completion.
@@ -347,30 +395,32 @@ func TestProofAdversarial(t *testing.T) {
 			return p.appendTo(nil)
 		}},
 	}
-	for _, pf := range proofs {
-		for _, confirm := range []byte{confirmReady, confirmUnproven} {
-			t.Run(pf.name+"/"+string(confirm), func(t *testing.T) {
-				fab := soft.New(soft.Options{TimeScale: 0.01})
-				var logs logBuffer
-				scfg, ccfg := rdmaConfigs(t, FallbackTCP, fab)
-				scfg.Logger = logs.logger()
-				ln := listen(t, scfg)
-				a := newAttacker(t, fab, ln)
-				require.Equal(t, verbs.WCSuccess, a.send(t, pf.proof(a)), "the proof reached the server's QP")
-				_, err := a.raw.Write([]byte{confirm})
-				require.NoError(t, err)
-				if confirm == confirmUnproven {
-					s, err := ln.AcceptRsock()
+	for pname, provider := range bindingProviders(t) {
+		for _, pf := range proofs {
+			for _, confirm := range []byte{confirmReady, confirmUnproven} {
+				t.Run(pname+"/"+pf.name+"/"+string(confirm), func(t *testing.T) {
+					var logs logBuffer
+					p := provider()
+					scfg, ccfg := providerConfigs(t, p)
+					scfg.Logger = logs.logger()
+					ln := listen(t, scfg)
+					a := newAttacker(t, p, ln)
+					require.Equal(t, verbs.WCSuccess, a.send(t, pf.proof(a)), "the proof reached the server's QP")
+					_, err := a.raw.Write([]byte{confirm})
 					require.NoError(t, err)
-					defer s.Close()
-					require.Equal(t, TransportTCP, s.Transport())
-					require.ErrorIs(t, s.FallbackReason(), ErrPathUnproven)
-					return
-				}
-				io.ReadAll(a.raw) // until the server closes it
-				requireLogged(t, &logs, "confirmed an unproven upgrade")
-				requireServing(t, ln, ccfg)
-			})
+					if confirm == confirmUnproven {
+						s, err := ln.AcceptRsock()
+						require.NoError(t, err)
+						defer s.Close()
+						require.Equal(t, TransportTCP, s.Transport())
+						require.ErrorIs(t, s.FallbackReason(), ErrPathUnproven)
+						return
+					}
+					io.ReadAll(a.raw) // until the server closes it
+					requireLogged(t, &logs, "confirmed an unproven upgrade")
+					requireServing(t, ln, ccfg)
+				})
+			}
 		}
 	}
 }
@@ -378,12 +428,17 @@ func TestProofAdversarial(t *testing.T) {
 // TestConfirmWithoutProof: a client that sends no proof at all and confirms at once is
 // refused, and the Listener keeps serving.
 func TestConfirmWithoutProof(t *testing.T) {
-	fab := soft.New(soft.Options{TimeScale: 0.01})
+	for pname, provider := range bindingProviders(t) {
+		t.Run(pname, func(t *testing.T) { testConfirmWithoutProof(t, provider()) })
+	}
+}
+
+func testConfirmWithoutProof(t *testing.T, p verbs.Provider) {
 	var logs logBuffer
-	scfg, ccfg := rdmaConfigs(t, FallbackTCP, fab)
+	scfg, ccfg := providerConfigs(t, p)
 	scfg.Logger = logs.logger()
 	ln := listen(t, scfg)
-	a := newAttacker(t, fab, ln)
+	a := newAttacker(t, p, ln)
 	_, err := a.raw.Write([]byte{confirmReady})
 	require.NoError(t, err)
 	io.ReadAll(a.raw) // until the server closes it
