@@ -91,9 +91,10 @@
 // filtered, traffic routed to another device, or the wrong GID, the QPs connect and the
 // first RDMA write dies half a second later. So before either side moves an application
 // byte to RDMA, each sends a proof over its new QP and the client confirms only once the
-// server's proof has arrived over its own. A proof that does not arrive within 2 s (or
-// half what is left of [Config.HandshakeTimeout]), usually much sooner because its
-// send runs out of transport retries, ends the upgrade: both sides stay on the
+// server's proof has arrived over its own. A failed proof (its send runs out of
+// transport retries, about half a second on a dead path), or one that does not arrive
+// within half what is left of [Config.HandshakeTimeout] (5 s by default; a loaded
+// machine may be slow, a working path is not cut short), ends the upgrade: both sides stay on the
 // bootstrap transport with a reason matching [ErrPathUnproven] that names the likely
 // cause ("no RDMA message from the peer ...: is RoCE (UDP 4791) blocked or routed
 // elsewhere?"). Nothing the application wrote is lost: it had not left the bootstrap.

@@ -38,7 +38,7 @@ import (
 //     accept carries a fresh nonce, as the offer did.
 //  2. The client connects its QP and sends its proof (role C, both nonces, its ring's
 //     address and rkey) over it, then waits for the server's proof over its QP, at most
-//     pathProofTimeout (or half what is left of the handshake).
+//     half what is left of the handshake (pathProofTimeout without a deadline).
 //  3. The server, on the client's proof over its QP, checks that it echoes this
 //     connection's nonces and answers with its own proof (role S, its ring).
 //  4. The client, on a server's proof that echoes its nonces, confirms with
@@ -64,10 +64,13 @@ const (
 	confirmUnproven = 'P'
 )
 
-// pathProofTimeout bounds the client's wait for the server's proof. A path that drops
-// RoCE usually fails sooner: the client's proof runs out of transport retries (seven
-// tries of about 67 ms each).
-const pathProofTimeout = 2 * time.Second
+// pathProofTimeout bounds the client's wait for the server's proof when its handshake
+// has no deadline; with one, the wait is half what is left of it (5 s of the default
+// 10 s), so that a loaded machine's slow proof is not taken for a broken path and the
+// fallback still completes within the handshake. A path that drops RoCE fails much
+// sooner: the client's proof runs out of transport retries (eight tries of about 67 ms)
+// and the wait ends with that failure.
+const pathProofTimeout = 5 * time.Second
 
 // upgrade is the outcome of offerRDMA or acceptRDMA.
 type upgrade struct {
@@ -157,7 +160,7 @@ func proveClient(ctx context.Context, conn *rdma.Conn, mine *proof) (peer proof,
 	wait := pathProofTimeout
 	if dl, ok := ctx.Deadline(); ok {
 		// Leave the other half for the confirmation and the server's fallback.
-		wait = min(wait, time.Until(dl)/2)
+		wait = time.Until(dl) / 2
 	}
 	t := time.NewTimer(wait)
 	defer t.Stop()

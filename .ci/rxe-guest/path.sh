@@ -9,16 +9,21 @@
 # every byte must arrive: the echo, and a 16 MiB upload whose SHA-256 the server checks.
 # The filter's drop counters show that RoCE packets were sent and dropped.
 
+# TC is iproute2's tc, copied into the guest at the host's path: the busybox shell would
+# run its own, more limited, tc applet for a bare "tc".
+TC=/usr/sbin/tc
+[ -x $TC ] || TC=/sbin/tc
+
 # roce_filter add|del: the drop filter on both veth ends.
 roce_filter() {
   local d
   for d in wa wb; do
     if [ "$1" = add ]; then
-      tc qdisc add dev $d clsact &&
-        tc filter add dev $d egress protocol ip prio 1 u32 \
+      $TC qdisc add dev $d clsact &&
+        $TC filter add dev $d egress protocol ip prio 1 u32 \
           match ip protocol 17 0xff match ip dport 4791 0xffff action drop || return 1
     else
-      tc qdisc del dev $d clsact 2>/dev/null
+      $TC qdisc del dev $d clsact 2>/dev/null
     fi
   done
   return 0
@@ -60,9 +65,9 @@ path_filtered() {
       expect /tmp/path_client.log 'SHA-256 matches' "the upload's digest" || rc=1
   fi
   echo "--- RoCE drop filter counters"
-  tc -s filter show dev wa egress
-  tc -s filter show dev wb egress
-  tc -s filter show dev wa egress | grep -Eq 'Sent [1-9][0-9]* bytes' ||
+  $TC -s filter show dev wa egress
+  $TC -s filter show dev wb egress
+  $TC -s filter show dev wa egress | grep -Eq 'Sent [1-9][0-9]* bytes' ||
     { echo "the filter on wa dropped nothing: no RoCE packet was sent"; rc=1; }
   roce_filter del
   return $rc
