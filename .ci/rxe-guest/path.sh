@@ -6,7 +6,10 @@
 # leaves either veth end (a u32 filter on the clsact egress hook of wa and wb), so the
 # rxe devices' packets never cross, while the bootstrap (TCP, through lo) is untouched.
 # A client on A and a server on B must both end on tcp with ErrPathUnproven's text, and
-# every byte must arrive: the echo, and a 16 MiB upload whose SHA-256 the server checks.
+# every byte must arrive: the echo, and gRPC's streams (64 KiB messages checked, a 10 MiB
+# upload whose SHA-256 the server checks). (The HTTP example's server also takes plain
+# clients, and a first dial slower than its 200 ms sniff, as on this emulated VM, is
+# taken for one: it is left out here.)
 # The filter's drop counters show that RoCE packets were sent and dropped.
 
 # TC is iproute2's tc, copied into the guest at the host's path: the busybox shell would
@@ -60,9 +63,10 @@ path_filtered() {
     expect /tmp/path_client.log '^echo: across a filtered path$' "the echo" &&
     expect /tmp/path_server.log "$A:[0-9]+ connected over tcp.*$why" "the server on tcp, with the reason" || rc=1
   if [ $rc = 0 ]; then
-    path_pair http_server 8100 /t/bin/http_client -url http://$B:8100 -n 2 -upload 16 &&
-      expect /tmp/path_client.log "over tcp" "the HTTP client on tcp" &&
-      expect /tmp/path_client.log 'SHA-256 matches' "the upload's digest" || rc=1
+    path_pair grpc_server 9100 /t/bin/grpc_client -addr $B:9100 -calls 200 &&
+      expect /tmp/path_client.log "connected to $B:9100 over tcp" "the gRPC client on tcp" &&
+      expect /tmp/path_client.log "not rdma: .*$why" "the gRPC client's reason" &&
+      expect /tmp/path_client.log 'Digest: 10 MiB sent, the server.s SHA-256 matches' "the upload's digest" || rc=1
   fi
   echo "--- RoCE drop filter counters"
   $TC -s filter show dev wa egress
