@@ -209,6 +209,23 @@ type Config struct {
 	// registered memory (rdma-core) connections fall back with [ErrMemlock] before the
 	// process's pinned memory would pass RLIMIT_MEMLOCK, unless it has CAP_IPC_LOCK.
 	MaxRegisteredMemory int64
+
+	// Lossless traffic classes. A RoCE fabric that runs RDMA in a lossless (PFC) class
+	// recognizes its packets by their DSCP or their VLAN priority; these fields put the
+	// connection's queue pair in that class. They change nothing on the fallback
+	// transports.
+
+	// TrafficClass is the traffic class of the connection's RoCE packets, 0 to 255: the
+	// GRH's, which RoCE v2 sends as the IP header's traffic class byte (DSCP in the upper
+	// six bits, ECN in the lower two). For DSCP 26, set 26<<2. Default 0.
+	TrafficClass int
+	// ServiceLevel is the service level of the connection's queue pair, 0 to 15; a RoCE
+	// device maps it to the VLAN priority (PCP) of the QP's packets. Default 0.
+	ServiceLevel int
+	// RoCEVersion prefers source GIDs of this RoCE version, 1 or 2, where the
+	// connection's address has a GID of each; 0, the default, leaves the choice to the
+	// device selector (RoCE v2 where there is one).
+	RoCEVersion int
 }
 
 // resolve returns a copy of c (nil for defaults) with defaults filled in, or an error if
@@ -266,6 +283,12 @@ func (c *Config) resolve() (*Config, error) {
 		return nil, fmt.Errorf("negative MaxRegisteredMemory %d", r.MaxRegisteredMemory)
 	case r.ReadBufferSize > rdma.MaxReadBufferSize:
 		return nil, fmt.Errorf("ReadBufferSize %d is above 1 GiB", r.ReadBufferSize)
+	case r.TrafficClass < 0 || r.TrafficClass > 255:
+		return nil, fmt.Errorf("TrafficClass %d is not in 0..255 (DSCP<<2 | ECN)", r.TrafficClass)
+	case r.ServiceLevel < 0 || r.ServiceLevel > 15:
+		return nil, fmt.Errorf("ServiceLevel %d is not in 0..15", r.ServiceLevel)
+	case r.RoCEVersion < 0 || r.RoCEVersion > 2:
+		return nil, fmt.Errorf("RoCEVersion %d is not 1 or 2 (0: no preference)", r.RoCEVersion)
 	}
 	return r, nil
 }

@@ -26,8 +26,9 @@
 // [FallbackQUIC], to the address given. The first message in each direction is the
 // hello: the client offers RDMA (its device, queue pair and receive ring) or says it
 // offers none; the server answers with its own offer or declines, giving a reason. On
-// an upgrade, the bytes then move over RDMA and the bootstrap connection stays open as
-// the control channel. Otherwise the bootstrap connection carries the bytes.
+// an upgrade, the two sides prove the path over the new queue pairs (below) and the
+// client confirms; the bytes then move over RDMA and the bootstrap connection stays
+// open as the control channel. Otherwise the bootstrap connection carries the bytes.
 //
 // A client that offers no RDMA sends its hello and returns from Dial at once, and may
 // write right away: a fallback connection costs no round trip over plain TCP. The
@@ -63,7 +64,7 @@
 // [Conn.FallbackReason] returns a [*FallbackError] that matches, with [errors.Is], one
 // of [ErrNoProvider], [ErrNoDevice], [ErrPeerOfferedNone], [ErrVersionMismatch],
 // [ErrResourcesExhausted], [ErrMTUMismatch], [ErrNoRoute], [ErrRDMAUnavailable],
-// [ErrUpgradeFailed] or [ErrPlainClient], and also [ErrPeerDeclined] when the reason is
+// [ErrPathUnproven], [ErrUpgradeFailed] or [ErrPlainClient], and also [ErrPeerDeclined] when the reason is
 // the peer's. These are not errors of the connection, which works. A handshake that
 // fails (garbage, a truncated or oversized hello, an answer of an unknown version, a
 // peer that does not speak rsock) fails the connection with an error matching
@@ -128,11 +129,13 @@
 //     connection.
 //
 // The hello carries this side's RDMA endpoint (device address, queue pair number,
-// starting packet sequence number, receive ring); on QUIC nobody but the authenticated
-// server and its client sees or alters it. Each connection's ring is reachable only by
-// its own peer's queue pair, and the RDMA peer is proven to be the bootstrap peer: a
-// hello captured on one bootstrap connection and replayed on another does not connect
-// to a ring.
+// starting packet sequence number, ring size) and a fresh nonce, but no ring address or
+// key; on QUIC nobody but the authenticated server and its client sees or alters it.
+// Each connection has a protection domain of its own, so its ring is reachable only by
+// its own peer's queue pair, and the RDMA peer is proven to be the bootstrap peer (see
+// "Proving the path"): a hello captured on one bootstrap connection and replayed on
+// another never yields an RDMA connection, and nobody on the bootstrap learns a ring's
+// key, which travels only in the proof over the new queue pair.
 //
 // An RDMA peer, once connected, can write into its connection's receive ring: that is
 // how its bytes arrive. rsock parses what it writes as stream data and flow-control
@@ -175,6 +178,43 @@
 //     RDMA offers no way to tell its packets from the real peer's short of encryption,
 //     which detects them but cannot stop them.
 //
+// # Proving the path
+//
+// Queue pairs reach their ready-to-send state without a packet crossing the fabric, so
+// a connected pair of QPs says nothing about the path: with RoCE's UDP port 4791
+// filtered, traffic routed to another device, or the wrong GID, the QPs connect and the
+// first RDMA write dies half a second later. So before either side moves an application
+// byte to RDMA, each sends a proof over its new QP and the client confirms only once the
+// server's proof has arrived over its own. A failed proof (its send runs out of
+// transport retries, about half a second on a dead path), or one that does not arrive
+// within half what is left of [Config.HandshakeTimeout] (5 s by default; a loaded
+// machine may be slow, a working path is not cut short), ends the upgrade: both sides stay on the
+// bootstrap transport with a reason matching [ErrPathUnproven] that names the likely
+// cause ("no RDMA message from the peer ...: is RoCE (UDP 4791) blocked or routed
+// elsewhere?"). Nothing the application wrote is lost: it had not left the bootstrap.
+//
+// The proof also binds the RDMA peer to the bootstrap peer. Each hello carries a fresh
+// random nonce, and each proof echoes both, so a proof proves that the party sending it
+// over the QP saw this connection's hellos. The server treats a connection as RDMA only
+// after such a proof arrived over its QP and the client confirmed: a hello captured and
+// replayed on another connection, a client stream spliced onto a second connection, a
+// confirmation without a proof, and a proof from another connection or made of garbage
+// each fail that handshake (or, when the client says it gave up, fall back with
+// ErrPathUnproven), and the Listener keeps serving. The hellos carry no ring address or
+// key: each side's ring is revealed only in its proof, over a QP whose peer has proved
+// itself, so nobody who sees or replays the bootstrap bytes learns a ring's key. The
+// proofs travel in plaintext over the fabric, like the data after them; they keep a
+// party on the bootstrap connection alone from reaching RDMA, not a party able to
+// read or forge RoCE packets on the fabric's network.
+//
+// # Lossless traffic classes
+//
+// [Config.TrafficClass] and [Config.ServiceLevel] put the connection's queue pair in the
+// class a lossless (PFC) RoCE fabric reserves for RDMA: the traffic class is the IP
+// header's (DSCP<<2 | ECN) for RoCE v2, the service level the device maps to a VLAN
+// priority. [Config.RoCEVersion] prefers a RoCE version's GID. All default to zero, the
+// device's defaults.
+//
 // # The hello on the wire
 //
 // All integers are big-endian. Each hello is an 8-byte header and a body of at most
@@ -184,19 +224,31 @@
 //
 // The header is the same in every version, so that any version can frame and skip
 // another's. Kind 1 is the client's offer, 2 the server's accept, 3 its decline. In
-// version 1, an offer's or accept's body is a 32-bit capability set, whose bit 0 says
+// version 2, an offer's or accept's body is a 32-bit capability set, whose bit 0 says
 // an RDMA endpoint follows (an accept always has it):
 //
 //	GID (16) | LID (2) | MTU (1) | ring size log2 (1) | QPN (4) | first PSN (4) |
-//	ring rkey (4) | ring address (8) | receive WQEs (4) | max inline (4)
+//	receive WQEs (4) | max inline (4) | nonce (16)
 //
 // QPN and PSN are 24-bit numbers; the MTU is numbered as in package verbs (1 = 256
 // bytes to 5 = 4096); the receive ring is a power of two from 4 KiB to 1 GiB; the
-// receive WQEs are the peer's initial work-request credit. A decline's body is one byte,
-// its reason: 1 no provider, 2 no device, 3 peer offered none, 4 version mismatch,
-// 5 resources exhausted, 6 MTU mismatch, 7 no route, 8 engine unavailable, 9 upgrade
-// failed. A body longer than its kind needs is accepted and the rest ignored (fields are
-// appended within a version). A server that receives another version's offer declines
-// it, in its own version, with reason 4, and both sides stay on the bootstrap
-// connection. hello.go draws the format bit by bit.
+// receive WQEs are the peer's initial work-request credit; the nonce is random and
+// fresh. (Version 1 carried the ring's rkey and address here, and no nonce.) A
+// decline's body is one byte, its reason: 1 no provider, 2 no device, 3 peer offered
+// none, 4 version mismatch, 5 resources exhausted, 6 MTU mismatch, 7 no route, 8 engine
+// unavailable, 9 upgrade failed. A body longer than its kind needs is accepted and the
+// rest ignored (fields are appended within a version). A server that receives another
+// version's offer (version 1's included) declines it, in its own version, with reason
+// 4, and both sides stay on the bootstrap connection. hello.go draws the format bit by
+// bit.
+//
+// After an accept, each side sends its proof as one RDMA SEND, the first message on its
+// QP, into a receive buffer the peer posted for it ahead of its flow-controlled ones:
+//
+//	0x89 'R' 'P' (3) | role 'C' or 'S' (1) | client nonce (16) | server nonce (16) |
+//	ring rkey (4) | ring address (8)
+//
+// Then the client sends one byte on the bootstrap connection: 'R' (proven: RDMA), 'P'
+// (path unproven: stay) or 'F' (its QP could not connect: stay). proof.go and
+// upgrade.go draw and explain the exchange.
 package rsock

@@ -37,6 +37,12 @@ var (
 	ErrNoRoute = errors.New("no RDMA route to peer")
 	// ErrRDMAUnavailable: this build has no RDMA stream engine.
 	ErrRDMAUnavailable = errors.New("rdma engine not available")
+	// ErrPathUnproven: the queue pairs connected, but no proof crossed the fabric both
+	// ways on them in time (RoCE's UDP port 4791 filtered, traffic routed to another
+	// device, a wrong GID), or the peer's proof did not belong to this connection (a
+	// replayed or spliced hello). No application byte went over RDMA; both sides stay
+	// on the bootstrap transport.
+	ErrPathUnproven = errors.New("RDMA path unproven")
 	// ErrUpgradeFailed: the upgrade failed for another reason (an internal error).
 	ErrUpgradeFailed = errors.New("rdma upgrade failed")
 	// ErrPeerDeclined: the peer declined the upgrade. A [*FallbackError] with Peer set

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -174,44 +175,50 @@ func TestStalledHandshakes(t *testing.T) {
 // offer declines it in its own and stays on TCP; a client that receives another
 // version's decline stays on TCP, and another version's accept fails it.
 func TestVersionMismatch(t *testing.T) {
-	v2offer := withExtra(rawHello(hello{version: 2, kind: helloOffer, caps: 0xffff}), []byte("future fields")...)
+	// A version 1 peer's offer with RDMA (its endpoint carried the ring's address and
+	// rkey), and a future version's.
+	v1offer := withExtra(rawHello(hello{version: 1, kind: helloOffer, caps: capRDMA}), make([]byte, 48)...)
+	nextOffer := withExtra(rawHello(hello{version: helloVersion + 1, kind: helloOffer, caps: 0xffff}), []byte("future fields")...)
 
-	t.Run("Server", func(t *testing.T) {
-		scfg, _ := configs(t, FallbackTCP)
-		ln := listen(t, scfg)
-		c := dialRaw(t, ln)
-		_, err := c.Write(append(v2offer, "ping"...))
-		require.NoError(t, err)
-		s, err := ln.AcceptRsock()
-		require.NoError(t, err)
-		defer s.Close()
-		require.ErrorIs(t, s.FallbackReason(), ErrVersionMismatch)
-		require.Equal(t, TransportTCP, s.Transport())
-		b := make([]byte, 4)
-		_, err = io.ReadFull(s, b)
-		require.NoError(t, err)
-		require.Equal(t, "ping", string(b), "data behind the other version's hello")
+	for _, offer := range [][]byte{v1offer, nextOffer} {
+		t.Run(fmt.Sprintf("Server/v%d", offer[4]), func(t *testing.T) {
+			scfg, _ := configs(t, FallbackTCP)
+			ln := listen(t, scfg)
+			c := dialRaw(t, ln)
+			_, err := c.Write(append(offer, "ping"...))
+			require.NoError(t, err)
+			s, err := ln.AcceptRsock()
+			require.NoError(t, err)
+			defer s.Close()
+			require.ErrorIs(t, s.FallbackReason(), ErrVersionMismatch)
+			require.Equal(t, TransportTCP, s.Transport())
+			b := make([]byte, 4)
+			_, err = io.ReadFull(s, b)
+			require.NoError(t, err)
+			require.Equal(t, "ping", string(b), "data behind the other version's hello")
 
-		var hr helloReader
-		h, err := hr.read(c)
-		require.NoError(t, err)
-		require.Equal(t, declineHello(declineVersionMismatch), h)
-		_, err = s.Write([]byte("pong"))
-		require.NoError(t, err)
-		_, err = io.ReadFull(c, b)
-		require.NoError(t, err)
-		require.Equal(t, "pong", string(b))
-	})
+			var hr helloReader
+			h, err := hr.read(c)
+			require.NoError(t, err)
+			require.Equal(t, declineHello(declineVersionMismatch), h)
+			_, err = s.Write([]byte("pong"))
+			require.NoError(t, err)
+			_, err = io.ReadFull(c, b)
+			require.NoError(t, err)
+			require.Equal(t, "pong", string(b))
+		})
+	}
 
 	tests := []struct {
 		name   string
 		answer []byte
 		err    error // of the client's first Read; nil: it reads the data
 	}{
-		{"v2 decline", rawHello(hello{version: 2, kind: helloDecline, reason: 77}), nil},
-		{"v2 decline, longer body", withExtra(rawHello(hello{version: 2, kind: helloDecline, reason: 1}), 2, 1, 0), nil},
-		{"v2 accept", rawHello(hello{version: 2, kind: helloAccept}), ErrVersionMismatch},
-		{"v1 accept", rawHello(acceptHello(rdmaEndpoint{QPN: 1, MTU: 1, RingSize: 1 << 12, RecvWQEs: 1})), ErrBadHello},
+		{"next version's decline", rawHello(hello{version: helloVersion + 1, kind: helloDecline, reason: 77}), nil},
+		{"next version's decline, longer body", withExtra(rawHello(hello{version: helloVersion + 1, kind: helloDecline, reason: 1}), 2, 1, 0), nil},
+		{"next version's accept", rawHello(hello{version: helloVersion + 1, kind: helloAccept}), ErrVersionMismatch},
+		{"version 1 accept", withExtra(rawHello(hello{version: 1, kind: helloAccept, caps: capRDMA}), make([]byte, 48)...), ErrVersionMismatch},
+		{"this version's accept", rawHello(acceptHello(rdmaEndpoint{QPN: 1, MTU: 1, RingSize: 1 << 12, RecvWQEs: 1})), ErrBadHello},
 	}
 	for _, tt := range tests {
 		t.Run("Client/"+tt.name, func(t *testing.T) {
@@ -499,6 +506,10 @@ func TestConfigErrors(t *testing.T) {
 		{"ring growth below the ring", "tcp", &Config{RingSize: 64 << 10, GrowRingTo: 32 << 10}, "GrowRingTo 32768"},
 		{"ring growth below the default ring", "tcp", &Config{GrowRingTo: 64 << 10}, "GrowRingTo 65536"},
 		{"ring growth not a power of two", "tcp", &Config{RingSize: 8 << 10, GrowRingTo: 100 << 10}, "GrowRingTo 102400"},
+		{"traffic class", "tcp", &Config{TrafficClass: 256}, "TrafficClass 256 is not in 0..255"},
+		{"negative traffic class", "tcp", &Config{TrafficClass: -1}, "TrafficClass -1 is not in 0..255"},
+		{"service level", "tcp", &Config{ServiceLevel: 16}, "ServiceLevel 16 is not in 0..15"},
+		{"RoCE version", "tcp", &Config{RoCEVersion: 3}, "RoCEVersion 3 is not 1 or 2"},
 	}
 	for _, tt := range tests {
 		_, err := Listen(tt.network, "127.0.0.1:0", tt.cfg)

@@ -34,18 +34,18 @@ import (
 // an accept and 3 for a decline (server to client); kinds keep these numbers in every
 // version, and a decline's body starts with its reason in every version.
 //
-// In version 1, an offer's and an accept's body is:
+// In version 2, an offer's and an accept's body is:
 //
 //	+---------------------------------------------------------------+
 //	|                      Capabilities (32)                        |
 //	+---------------------------------------------------------------+
-//	|       RDMA endpoint (48 bytes), present iff bit 0 is set      |
+//	|       RDMA endpoint (52 bytes), present iff bit 0 is set      |
 //	+---------------------------------------------------------------+
 //
 // Bit 0 of Capabilities (capRDMA) says the sender offers RDMA and describes its endpoint;
 // other bits are reserved, sent as zero and ignored. An accept always has bit 0 set.
-// The RDMA endpoint is everything the peer needs to connect its queue pair to the
-// sender's and to write into the sender's receive ring:
+// The RDMA endpoint is what the peer needs to connect its queue pair to the sender's,
+// and a nonce that binds the proof (proof.go) to this bootstrap connection:
 //
 //	 0                   1                   2                   3
 //	 0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1
@@ -62,22 +62,27 @@ import (
 //	+---------------+-----------------------------------------------+
 //	|       0       |             first PSN (24)                    |
 //	+---------------+-----------------------------------------------+
-//	|                     Ring RKey (32)                            |
-//	+---------------------------------------------------------------+
-//	|                                                               |
-//	+                   Ring Address (64)                           +
-//	|                                                               |
-//	+---------------------------------------------------------------+
 //	|       Receive WQEs (32): pre-posted, the peer's WQE credits   |
 //	+---------------------------------------------------------------+
 //	|                     Max Inline (32)                           |
+//	+---------------------------------------------------------------+
+//	|                                                               |
+//	+                                                               +
+//	|                 Nonce (128): random, fresh per hello          |
+//	+                                                               +
+//	|                                                               |
 //	+---------------------------------------------------------------+
 //
 // MTU is the port's active MTU as [verbs.MTU] numbers it (1 = 256 bytes to 5 = 4096).
 // The ring is 1<<(Ring Log2) bytes, from 4 KiB (12) to 1 GiB (30). QPN is non-zero;
 // QPN and PSN are 24-bit numbers whose top byte is zero. Receive WQEs is at least 1.
 //
-// In version 1, a decline's body is one byte, the reason (see declineReason); zero is
+// The ring's address and rkey are not in the hello (version 1 carried them): they
+// travel only in the proof, over the new queue pairs, once the peer has shown it holds
+// this connection's nonces (see upgrade.go). A party that sees or replays the bootstrap
+// bytes never learns a ring's key.
+//
+// In version 2, as in 1, a decline's body is one byte, the reason (see declineReason); zero is
 // not a reason. A reason the receiver does not know is accepted as "upgrade failed".
 //
 // A decoder rejects, with an error matching [ErrNotRsockPeer], input that does not start
@@ -89,17 +94,21 @@ import (
 //
 // The exchange: the client sends an offer. A client that offers no RDMA may send data
 // right behind it. The server answers with an accept or a decline. After a decline both
-// sides stay on the bootstrap connection, whose next bytes are data. A server that
-// receives another version's offer answers with a decline (reason version mismatch) in
-// its own version, and both stay on the bootstrap connection.
+// sides stay on the bootstrap connection, whose next bytes are data. After an accept,
+// the two sides prove the path over the new queue pairs and the client confirms with
+// one byte (upgrade.go). A server that receives another version's offer (version 1's
+// included) answers with a decline (reason version mismatch) in its own version, and
+// both stay on the bootstrap connection; a client that receives another version's
+// answer falls back likewise, or fails when it cannot frame it.
 
 const (
-	helloVersion    = 1
+	helloVersion    = 2
 	helloHeaderLen  = 8
 	helloMaxLen     = 512
 	helloMaxBody    = helloMaxLen - helloHeaderLen
 	helloCapsLen    = 4
-	rdmaEndpointLen = 48
+	rdmaEndpointLen = 52
+	nonceLen        = 16
 	minRingLog2     = 12
 	maxRingLog2     = 30
 	max24           = 1<<24 - 1
@@ -133,19 +142,22 @@ type helloCaps uint32
 
 const capRDMA helloCaps = 1 << 0
 
-// rdmaEndpoint is one side's RDMA endpoint as the hello carries it. Its fields match
-// the RDMA engine's offer one to one.
+// nonce is a hello's random number, fresh for each hello, that the peer's proof must
+// echo (proof.go).
+type nonce [nonceLen]byte
+
+// rdmaEndpoint is one side's RDMA endpoint as the hello carries it: the RDMA engine's
+// offer without its ring's address and key, which go in the proof, and with a nonce.
 type rdmaEndpoint struct {
 	GID       verbs.GID
 	LID       uint16
 	MTU       verbs.MTU // active MTU of the port
 	QPN       uint32    // 24 bits, non-zero
 	PSN       uint32    // first send PSN, 24 bits
-	RingAddr  uint64
-	RingRKey  uint32
-	RingSize  uint32 // a power of two
-	RecvWQEs  uint32 // receive WQEs kept posted: the peer's initial WQE credits
+	RingSize  uint32    // a power of two
+	RecvWQEs  uint32    // receive WQEs kept posted: the peer's initial WQE credits
 	MaxInline uint32
+	Nonce     nonce
 }
 
 // hello is one decoded hello message.
@@ -204,10 +216,9 @@ func (e *rdmaEndpoint) appendTo(b []byte) []byte {
 	b = append(b, byte(e.MTU), byte(bits.TrailingZeros32(e.RingSize)))
 	b = binary.BigEndian.AppendUint32(b, e.QPN)
 	b = binary.BigEndian.AppendUint32(b, e.PSN)
-	b = binary.BigEndian.AppendUint32(b, e.RingRKey)
-	b = binary.BigEndian.AppendUint64(b, e.RingAddr)
 	b = binary.BigEndian.AppendUint32(b, e.RecvWQEs)
 	b = binary.BigEndian.AppendUint32(b, e.MaxInline)
+	b = append(b, e.Nonce[:]...)
 	return b
 }
 
@@ -292,10 +303,9 @@ func decodeRDMAEndpoint(b []byte) (rdmaEndpoint, error) {
 	ringLog2 := b[19]
 	e.QPN = binary.BigEndian.Uint32(b[20:24])
 	e.PSN = binary.BigEndian.Uint32(b[24:28])
-	e.RingRKey = binary.BigEndian.Uint32(b[28:32])
-	e.RingAddr = binary.BigEndian.Uint64(b[32:40])
-	e.RecvWQEs = binary.BigEndian.Uint32(b[40:44])
-	e.MaxInline = binary.BigEndian.Uint32(b[44:48])
+	e.RecvWQEs = binary.BigEndian.Uint32(b[28:32])
+	e.MaxInline = binary.BigEndian.Uint32(b[32:36])
+	copy(e.Nonce[:], b[36:52])
 	switch {
 	case e.MTU.Bytes() == 0:
 		return rdmaEndpoint{}, fmt.Errorf("%w: RDMA MTU code %d", ErrBadHello, b[18])

@@ -22,11 +22,10 @@ var sampleEndpoint = rdmaEndpoint{
 	MTU:       verbs.MTU4096,
 	QPN:       0xabcdef,
 	PSN:       0x123456,
-	RingAddr:  0x7f00_dead_beef_0000,
-	RingRKey:  0xcafe_f00d,
 	RingSize:  256 << 10,
 	RecvWQEs:  64,
 	MaxInline: 220,
+	Nonce:     nonce{0: 0xa0, 7: 0x77, 15: 0x0f},
 }
 
 func TestHelloRoundTrip(t *testing.T) {
@@ -54,20 +53,19 @@ func TestHelloRoundTrip(t *testing.T) {
 func TestHelloWireBytes(t *testing.T) {
 	got := offerHello(&sampleEndpoint).appendTo(nil)
 	want := []byte{
-		0x89, 'R', 'S', 'K', 1, 1, 0, 52, // header: version 1, offer, 52-byte body
+		0x89, 'R', 'S', 'K', 2, 1, 0, 56, // header: version 2, offer, 56-byte body
 		0, 0, 0, 1, // capabilities: RDMA
 		0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x01, // GID
 		0x12, 0x34, // LID
 		5, 18, // MTU 4096, ring 2^18
 		0, 0xab, 0xcd, 0xef, // QPN
 		0, 0x12, 0x34, 0x56, // PSN
-		0xca, 0xfe, 0xf0, 0x0d, // rkey
-		0x7f, 0x00, 0xde, 0xad, 0xbe, 0xef, 0, 0, // ring address
 		0, 0, 0, 64, // receive WQEs
 		0, 0, 0, 220, // max inline
+		0xa0, 0, 0, 0, 0, 0, 0, 0x77, 0, 0, 0, 0, 0, 0, 0, 0x0f, // nonce
 	}
 	require.Equal(t, want, got)
-	require.Equal(t, []byte{0x89, 'R', 'S', 'K', 1, 3, 0, 1, 2}, declineHello(declineNoDevice).appendTo(nil))
+	require.Equal(t, []byte{0x89, 'R', 'S', 'K', 2, 3, 0, 1, 2}, declineHello(declineNoDevice).appendTo(nil))
 }
 
 func TestHelloDecodeErrors(t *testing.T) {
@@ -89,25 +87,26 @@ func TestHelloDecodeErrors(t *testing.T) {
 		{"magic prefix only", []byte{0x89, 'R'}, ErrBadHello, "truncated"},
 		{"wrong magic byte", []byte{0x89, 'R', 'S', 'X', 1, 1, 0, 4}, ErrNotRsockPeer, "not an rsock hello"},
 		{"truncated header", offer[:7], ErrBadHello, "truncated: 7 bytes, 1 more needed"},
-		{"truncated body", offer[:30], ErrBadHello, "truncated: 30 bytes, 30 more needed"},
+		{"truncated body", offer[:30], ErrBadHello, "truncated: 30 bytes, 34 more needed"},
 		{"oversized", []byte{0x89, 'R', 'S', 'K', 1, 1, 0x01, 0xf9}, ErrBadHello, "body of 505 bytes exceeds the maximum of 504"},
 		{"oversized other version", []byte{0x89, 'R', 'S', 'K', 9, 1, 0xff, 0xff}, ErrBadHello, "exceeds the maximum"},
-		{"version 0", mutate(4, 0), ErrVersionMismatch, "peer speaks version 0, this side 1"},
-		{"version 2", mutate(4, 2), ErrVersionMismatch, "peer speaks version 2"},
+		{"version 0", mutate(4, 0), ErrVersionMismatch, "peer speaks version 0, this side 2"},
+		{"version 1", mutate(4, 1), ErrVersionMismatch, "peer speaks version 1"},
+		{"version 3", mutate(4, 3), ErrVersionMismatch, "peer speaks version 3"},
 		{"kind 0", mutate(5, 0), ErrBadHello, "unknown kind 0"},
 		{"kind 4", mutate(5, 4), ErrBadHello, "unknown kind 4"},
-		{"offer without caps", []byte{0x89, 'R', 'S', 'K', 1, 1, 0, 2, 0, 0}, ErrBadHello, "offer body of 2 bytes is shorter than 4"},
-		{"rdma bit without endpoint", []byte{0x89, 'R', 'S', 'K', 1, 1, 0, 4, 0, 0, 0, 1}, ErrBadHello, "offer body of 4 bytes is shorter than 52"},
-		{"accept without rdma", []byte{0x89, 'R', 'S', 'K', 1, 2, 0, 4, 0, 0, 0, 0}, ErrBadHello, "accept without an RDMA endpoint"},
-		{"decline without reason", []byte{0x89, 'R', 'S', 'K', 1, 3, 0, 0}, ErrBadHello, "decline without a reason"},
-		{"decline reason 0", []byte{0x89, 'R', 'S', 'K', 1, 3, 0, 1, 0}, ErrBadHello, "decline with reason 0"},
+		{"offer without caps", []byte{0x89, 'R', 'S', 'K', 2, 1, 0, 2, 0, 0}, ErrBadHello, "offer body of 2 bytes is shorter than 4"},
+		{"rdma bit without endpoint", []byte{0x89, 'R', 'S', 'K', 2, 1, 0, 4, 0, 0, 0, 1}, ErrBadHello, "offer body of 4 bytes is shorter than 56"},
+		{"accept without rdma", []byte{0x89, 'R', 'S', 'K', 2, 2, 0, 4, 0, 0, 0, 0}, ErrBadHello, "accept without an RDMA endpoint"},
+		{"decline without reason", []byte{0x89, 'R', 'S', 'K', 2, 3, 0, 0}, ErrBadHello, "decline without a reason"},
+		{"decline reason 0", []byte{0x89, 'R', 'S', 'K', 2, 3, 0, 1, 0}, ErrBadHello, "decline with reason 0"},
 		{"mtu 0", mutate(ep+18, 0), ErrBadHello, "RDMA MTU code 0"},
 		{"mtu 6", mutate(ep+18, 6), ErrBadHello, "RDMA MTU code 6"},
 		{"ring too small", mutate(ep+19, 11), ErrBadHello, "ring size 2^11"},
 		{"ring too large", mutate(ep+19, 31), ErrBadHello, "ring size 2^31"},
 		{"qpn over 24 bits", mutate(ep+20, 1), ErrBadHello, "QPN 0x1abcdef"},
 		{"psn over 24 bits", mutate(ep+24, 1), ErrBadHello, "PSN 0x1123456"},
-		{"no wqes", func() []byte { b := bytes.Clone(offer); copy(b[ep+40:], []byte{0, 0, 0, 0}); return b }(), ErrBadHello, "no receive WQEs"},
+		{"no wqes", func() []byte { b := bytes.Clone(offer); copy(b[ep+28:], []byte{0, 0, 0, 0}); return b }(), ErrBadHello, "no receive WQEs"},
 		{"qpn 0", func() []byte { b := bytes.Clone(offer); copy(b[ep+20:], []byte{0, 0, 0, 0}); return b }(), ErrBadHello, "QPN 0x0"},
 	}
 	for _, tt := range tests {

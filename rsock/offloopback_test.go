@@ -73,5 +73,5 @@ func TestQUICUpgradeOffLoopback(t *testing.T) {
 	require.Contains(t, c.FallbackReason().Error(), "serves "+clientIP.String(), "the client looked for a device by another address")
 	// The server, offered no RDMA, looked for no device.
 	require.ErrorIs(t, s.FallbackReason(), ErrPeerOfferedNone)
-	exchange(t, c, s, []byte("up"), []byte("down"))
+	exchangeHalfClose(t, c, s, []byte("up"), []byte("down"))
 }

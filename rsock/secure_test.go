@@ -79,7 +79,7 @@ func TestNoSilentPlaintext(t *testing.T) {
 
 			up := bytes.Repeat([]byte("client secret: the quick brown fox. "), 2000)
 			down := bytes.Repeat([]byte("server secret: jumps over the lazy dog. "), 2000)
-			exchange(t, c, s, up, down)
+			exchangeHalfClose(t, c, s, up, down)
 			require.NoError(t, c.Close())
 			require.NoError(t, s.Close())
 			require.NotZero(t, wire.len(), "nothing crossed the fabric: the test watches the wrong place")
@@ -92,9 +92,9 @@ func TestNoSilentPlaintext(t *testing.T) {
 	}
 }
 
-// exchange sends up from c to s and down from s to c at the same time, each followed by
+// exchangeHalfClose sends up from c to s and down from s to c at the same time, each followed by
 // a half-close, and checks both arrive whole.
-func exchange(t *testing.T, c, s net.Conn, up, down []byte) {
+func exchangeHalfClose(t *testing.T, c, s net.Conn, up, down []byte) {
 	t.Helper()
 	type result struct {
 		got []byte
@@ -273,5 +273,5 @@ func TestSecureDefaultProvider(t *testing.T) {
 	}
 	require.Equal(t, want, c.Transport(), "client: %v", c.FallbackReason())
 	require.Equal(t, want, s.Transport(), "server: %v", s.FallbackReason())
-	exchange(t, c, s, bytes.Repeat([]byte("up "), 100000), bytes.Repeat([]byte("down "), 100000))
+	exchangeHalfClose(t, c, s, bytes.Repeat([]byte("up "), 100000), bytes.Repeat([]byte("down "), 100000))
 }

@@ -30,24 +30,47 @@ import (
 //     RDMA (and reads the server's answer lazily, at the first Read), the server
 //     declines with declineReasonOf(reason).
 //
-// After an accept, the client confirms with one byte on the bootstrap connection:
-// confirmReady once its QP is in RTS (the server may then treat the connection as
-// RDMA), or confirmFailed if it could not connect (both sides stay on the bootstrap
-// transport, the server's reason being ErrUpgradeFailed from the peer). The server
-// connects its QP before it sends the accept, so data the client writes right after its
-// confirmation finds a QP ready to receive.
+// After an accept, the two sides prove the path and bind it to this bootstrap
+// connection (proof.go), then the client confirms with one byte on the bootstrap
+// connection:
 //
-// A non-nil error fails the connection. It is for a broken bootstrap connection or a
-// peer that breaks the protocol; a missing device or a peer that declines is a reason,
-// not an error.
+//  1. The server connects its QP to the client's before it sends the accept, and the
+//     accept carries a fresh nonce, as the offer did.
+//  2. The client connects its QP and sends its proof (role C, both nonces, its ring's
+//     address and rkey) over it, then waits for the server's proof over its QP, at most
+//     half what is left of the handshake (pathProofTimeout without a deadline).
+//  3. The server, on the client's proof over its QP, checks that it echoes this
+//     connection's nonces and answers with its own proof (role S, its ring).
+//  4. The client, on a server's proof that echoes its nonces, confirms with
+//     confirmReady; on none in time, a failed QP or a proof that does not bind, with
+//     confirmUnproven, and both stay on the bootstrap transport with ErrPathUnproven.
+//     A client that could not connect its QP at all confirms with confirmFailed (the
+//     server's reason is then ErrUpgradeFailed from the peer).
+//  5. The server follows the confirmation, and treats the connection as RDMA only on
+//     confirmReady after a proof that bound: a confirmReady without one (a replayed
+//     hello, a client that skips the proof) fails the handshake, and the Listener
+//     keeps serving.
 //
-// writeHello and helloReader (hello.go) exchange hellos on the bootstrap connection.
+// No application byte goes over RDMA before step 4: the client's data follows its
+// confirmReady, and the server's the confirmation it read. Each ring is revealed only
+// in a proof, over a QP whose peer proved it saw this connection's hellos. The server
+// watches the bootstrap connection for the confirmation while it waits for the proof,
+// so a client that gives up early is followed at once.
 
 // Confirmation bytes, sent by the client after an accept.
 const (
-	confirmReady  = 'R'
-	confirmFailed = 'F'
+	confirmReady    = 'R'
+	confirmFailed   = 'F'
+	confirmUnproven = 'P'
 )
+
+// pathProofTimeout bounds the client's wait for the server's proof when its handshake
+// has no deadline; with one, the wait is half what is left of it (5 s of the default
+// 10 s), so that a loaded machine's slow proof is not taken for a broken path and the
+// fallback still completes within the handshake. A path that drops RoCE fails much
+// sooner: the client's proof runs out of transport retries (eight tries of about 67 ms)
+// and the wait ends with that failure.
+const pathProofTimeout = 5 * time.Second
 
 // upgrade is the outcome of offerRDMA or acceptRDMA.
 type upgrade struct {
@@ -65,7 +88,7 @@ type dialState struct {
 
 // offerRDMA tries to upgrade a dialed connection to RDMA. It runs before any hello was
 // sent. To upgrade, it sends an offer with this side's RDMA endpoint, waits for the
-// server's answer and connects the queue pairs.
+// server's answer, connects the queue pairs and proves the path.
 func (d *dialState) offerRDMA(ctx context.Context) (upgrade, error) {
 	ep, reason, err := prepareEndpoint(ctx, d.cfg, d.boot, nil)
 	if err != nil {
@@ -74,7 +97,8 @@ func (d *dialState) offerRDMA(ctx context.Context) (upgrade, error) {
 	if reason != nil {
 		return upgrade{reason: reason}, nil
 	}
-	offer := rdmaEndpoint(ep.Offer())
+	mine := ep.Offer()
+	offer := endpointOf(mine, newNonce())
 	if err := writeHello(d.boot, offerHello(&offer)); err != nil {
 		ep.Abort()
 		return upgrade{}, fmt.Errorf("send hello: %w", err)
@@ -95,7 +119,7 @@ func (d *dialState) offerRDMA(ctx context.Context) (upgrade, error) {
 		ep.Abort()
 		return upgrade{}, fmt.Errorf("server hello: %w: an %v where an answer belongs", ErrBadHello, h.kind)
 	}
-	conn, err := ep.Connect(rdma.Offer(h.rdma), d.boot, d.cfg.rdmaKeepAlive())
+	conn, err := ep.Connect(offerOf(h.rdma), d.boot, d.cfg.rdmaKeepAlive())
 	if err != nil {
 		ep.Abort()
 		if _, werr := d.boot.Write([]byte{confirmFailed}); werr != nil {
@@ -103,12 +127,61 @@ func (d *dialState) offerRDMA(ctx context.Context) (upgrade, error) {
 		}
 		return upgrade{reason: &FallbackError{Err: connectReason(err)}, replied: true}, nil
 	}
+	peer, why, err := proveClient(ctx, conn, &proof{
+		role: roleClient, client: offer.Nonce, server: h.rdma.Nonce, ringRKey: mine.RingRKey, ringAddr: mine.RingAddr,
+	})
+	if err != nil {
+		conn.Abandon()
+		return upgrade{}, err
+	}
+	if why != nil {
+		conn.Abandon()
+		if _, werr := d.boot.Write([]byte{confirmUnproven}); werr != nil {
+			return upgrade{}, fmt.Errorf("send confirmation: %w", werr)
+		}
+		return upgrade{reason: &FallbackError{Err: why}, replied: true}, nil
+	}
+	conn.SetPeerRing(peer.ringAddr, peer.ringRKey)
 	if _, err := d.boot.Write([]byte{confirmReady}); err != nil {
 		conn.Abandon()
 		return upgrade{}, fmt.Errorf("send confirmation: %w", err)
 	}
 	conn.Start()
 	return upgrade{data: conn}, nil
+}
+
+// proveClient sends the client's proof mine over conn and waits for the server's. It
+// returns the server's proof, or why the path is unproven (an error matching
+// ErrPathUnproven), or an error when ctx ends first (the handshake is over).
+func proveClient(ctx context.Context, conn *rdma.Conn, mine *proof) (peer proof, why, err error) {
+	if err := conn.SendProof(mine.appendTo(nil)); err != nil {
+		return proof{}, fmt.Errorf("%w: send the proof: %w", ErrPathUnproven, err), nil
+	}
+	wait := pathProofTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		// Leave the other half for the confirmation and the server's fallback.
+		wait = time.Until(dl) / 2
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return proof{}, nil, fmt.Errorf("prove the rdma path: %w", ctx.Err())
+	case <-t.C:
+		return proof{}, fmt.Errorf("%w: no RDMA message from the peer within %v: is RoCE (UDP 4791) blocked or routed elsewhere?", ErrPathUnproven, wait.Round(time.Millisecond)), nil
+	case <-conn.ProofDone():
+	}
+	b, err := conn.Proof()
+	if err != nil {
+		return proof{}, fmt.Errorf("%w: the first RDMA message between the peers failed: %w: is RoCE (UDP 4791) blocked or routed elsewhere?", ErrPathUnproven, err), nil
+	}
+	if peer, err = decodeProof(b); err == nil {
+		err = peer.binds(roleServer, mine.client, mine.server)
+	}
+	if err != nil {
+		return proof{}, err, nil
+	}
+	return peer, nil, nil
 }
 
 // acceptState is the server side of a connection being set up.
@@ -122,9 +195,16 @@ type acceptState struct {
 	budget rdma.Budget
 }
 
+// confirmation is what the client's confirmation byte read brought.
+type confirmation struct {
+	b   byte
+	err error
+}
+
 // acceptRDMA answers a client's offer that carries an RDMA endpoint. To upgrade, it
 // prepares this side's endpoint, connects its QP to the client's, sends an accept
-// carrying it and waits for the client's confirmation.
+// carrying it, answers the client's proof with its own and waits for the client's
+// confirmation.
 func (a *acceptState) acceptRDMA(ctx context.Context, offer *hello) (upgrade, error) {
 	ep, reason, err := prepareEndpoint(ctx, a.cfg, a.boot, a.budget)
 	if err != nil {
@@ -133,30 +213,115 @@ func (a *acceptState) acceptRDMA(ctx context.Context, offer *hello) (upgrade, er
 	if reason != nil {
 		return upgrade{reason: reason}, nil
 	}
-	conn, err := ep.Connect(rdma.Offer(offer.rdma), a.boot, a.cfg.rdmaKeepAlive())
+	conn, err := ep.Connect(offerOf(offer.rdma), a.boot, a.cfg.rdmaKeepAlive())
 	if err != nil {
 		ep.Abort()
 		return upgrade{reason: &FallbackError{Err: connectReason(err)}}, nil
 	}
-	if err := writeHello(a.boot, acceptHello(rdmaEndpoint(ep.Offer()))); err != nil {
+	mine := ep.Offer()
+	accept := endpointOf(mine, newNonce())
+	if err := writeHello(a.boot, acceptHello(accept)); err != nil {
 		conn.Abandon()
 		return upgrade{}, fmt.Errorf("send hello: %w", err)
 	}
-	var confirm [1]byte
-	if _, err := io.ReadFull(a.boot, confirm[:]); err != nil {
+
+	// The confirmation is read while the proof is awaited: a client that gives up
+	// says so at once. The read ends with the handshake's deadline at the latest, and
+	// is always waited for.
+	confirmed := make(chan confirmation, 1)
+	go func() {
+		var b [1]byte
+		_, err := io.ReadFull(a.boot, b[:])
+		confirmed <- confirmation{b[0], err}
+	}()
+	var (
+		c      confirmation
+		peer   proof
+		proven bool  // the client's proof bound, and ours is on its way
+		why    error // why the client's proof did not bind, or was not answered
+	)
+	select {
+	case <-ctx.Done():
+		a.boot.SetReadDeadline(aLongTimeAgo)
+		<-confirmed
 		conn.Abandon()
-		return upgrade{}, fmt.Errorf("read confirmation: %w", err)
+		return upgrade{}, fmt.Errorf("prove the rdma path: %w", ctx.Err())
+	case c = <-confirmed:
+	case <-conn.ProofDone():
+		peer, why = serverCheck(conn, offer.rdma.Nonce, accept.Nonce)
+		if why == nil {
+			ours := proof{role: roleServer, client: offer.rdma.Nonce, server: accept.Nonce, ringRKey: mine.RingRKey, ringAddr: mine.RingAddr}
+			if err := conn.SendProof(ours.appendTo(nil)); err != nil {
+				why = fmt.Errorf("%w: send the proof: %w", ErrPathUnproven, err)
+			}
+		}
+		if proven = why == nil; !proven {
+			conn.Abandon() // nothing more reaches the QP the proof came over
+		}
+		c = <-confirmed
 	}
-	switch confirm[0] {
-	case confirmReady:
+	switch {
+	case c.err != nil:
+		conn.Abandon()
+		return upgrade{}, fmt.Errorf("read confirmation: %w", c.err)
+	case c.b == confirmReady && proven:
+		conn.SetPeerRing(peer.ringAddr, peer.ringRKey)
 		conn.Start()
 		return upgrade{data: conn}, nil
-	case confirmFailed:
+	case c.b == confirmReady:
+		conn.Abandon()
+		if why == nil {
+			why = fmt.Errorf("%w: no proof arrived over RDMA", ErrPathUnproven)
+		}
+		return upgrade{}, fmt.Errorf("%w: the client confirmed an unproven upgrade: %w", ErrBadHello, why)
+	case c.b == confirmUnproven:
+		conn.Abandon()
+		switch {
+		case why != nil:
+		case proven:
+			why = fmt.Errorf("%w: this side's proof did not reach the peer over RDMA: is RoCE (UDP 4791) blocked or routed elsewhere?", ErrPathUnproven)
+		default:
+			why = fmt.Errorf("%w: no RDMA message from the peer before it gave up: is RoCE (UDP 4791) blocked or routed elsewhere?", ErrPathUnproven)
+		}
+		return upgrade{reason: &FallbackError{Err: why}, replied: true}, nil
+	case c.b == confirmFailed:
 		conn.Abandon()
 		return upgrade{reason: &FallbackError{Peer: true, Err: ErrUpgradeFailed}, replied: true}, nil
 	}
 	conn.Abandon()
-	return upgrade{}, fmt.Errorf("%w: confirmation byte %#x", ErrBadHello, confirm[0])
+	return upgrade{}, fmt.Errorf("%w: confirmation byte %#x", ErrBadHello, c.b)
+}
+
+// serverCheck reads the client's proof off conn and checks that it binds to the
+// connection whose hellos carried the nonces client and server.
+func serverCheck(conn *rdma.Conn, client, server nonce) (proof, error) {
+	b, err := conn.Proof()
+	if err != nil {
+		return proof{}, fmt.Errorf("%w: the first RDMA message from the peer failed: %w", ErrPathUnproven, err)
+	}
+	p, err := decodeProof(b)
+	if err == nil {
+		err = p.binds(roleClient, client, server)
+	}
+	return p, err
+}
+
+// endpointOf is the hello's form of an engine offer: without the ring's address and key,
+// with a nonce.
+func endpointOf(o rdma.Offer, n nonce) rdmaEndpoint {
+	return rdmaEndpoint{
+		GID: o.GID, LID: o.LID, MTU: o.MTU, QPN: o.QPN, PSN: o.PSN,
+		RingSize: o.RingSize, RecvWQEs: o.RecvWQEs, MaxInline: o.MaxInline, Nonce: n,
+	}
+}
+
+// offerOf is the engine offer of a peer's hello endpoint. The ring's address and key
+// stay zero: they come with the peer's proof ([rdma.Conn.SetPeerRing]).
+func offerOf(e rdmaEndpoint) rdma.Offer {
+	return rdma.Offer{
+		GID: e.GID, LID: e.LID, MTU: e.MTU, QPN: e.QPN, PSN: e.PSN,
+		RingSize: e.RingSize, RecvWQEs: e.RecvWQEs, MaxInline: e.MaxInline,
+	}
 }
 
 // prepareEndpoint creates this side's RDMA endpoint for boot, or returns why it cannot
@@ -242,6 +407,9 @@ func (c *Config) rdmaOptions() rdma.Options {
 		MaxConns:       c.MaxRDMAConns,
 		ReadBufferSize: c.ReadBufferSize,
 		Linger:         c.Linger,
+		TrafficClass:   uint8(c.TrafficClass), // resolve checked the ranges
+		ServiceLevel:   uint8(c.ServiceLevel),
+		RoCEVersion:    c.RoCEVersion,
 
 		MaxRegisteredMemory: c.MaxRegisteredMemory,
 	}

@@ -195,6 +195,10 @@ type AddressVector struct {
 	DestGID   GID
 	SGIDIndex uint8 // local GID table index
 	HopLimit  uint8
+	// TrafficClass is the GRH traffic class (RoCE v2: the IP header's DSCP and ECN).
+	TrafficClass uint8
+	// SL is the service level, 0 to 15 (RoCE: mapped to the VLAN priority).
+	SL uint8
 }
 
 // RTRAttr is the INIT → RTR transition: the peer's identity and the receive side.

@@ -117,6 +117,21 @@ type QP interface {
 	Close() error
 }
 
+// QPQuerier is implemented by QPs that report the attributes a connected QP runs with
+// (ibv_query_qp): how a caller checks what the device applied, such as the traffic
+// class and service level of its address vector. Both providers implement it.
+type QPQuerier interface {
+	Query() (QPAttr, error)
+}
+
+// QPAttr is what [QPQuerier.Query] reports (a subset of struct ibv_qp_attr).
+type QPAttr struct {
+	State   QPState
+	PathMTU MTU
+	DestQPN uint32
+	Dest    AddressVector // the address vector of the RTR transition, as applied
+}
+
 // PostError reports the first work request a post rejected (ibv's bad_wr).
 type PostError struct {
 	Index int   // index of the rejected request in the slice passed to the post call

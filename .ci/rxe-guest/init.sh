@@ -24,6 +24,7 @@ echo 3 > /proc/sys/kernel/printk
 . /ci/lib.sh
 . /ci/net.sh
 . /ci/examples.sh
+. /ci/path.sh
 . /ci/perf.sh
 . /ci/tls.sh
 . /ci/select.sh
@@ -115,6 +116,8 @@ mem_steps
 # A host's netdev taken down mid-stream (events.sh).
 cmd_step events_port_down port_down_mid_stream
 cmd_step events_port_down_idle port_down_idle
+# RoCE filtered between the hosts: the connection falls back, nothing is lost (path.sh).
+cmd_step path_filtered path_filtered
 
 # rsockperf next to perftest and rstream.
 : > /tmp/perf.txt

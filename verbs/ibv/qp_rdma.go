@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"unsafe"
 
 	"github.com/rsockio/rsock/verbs"
@@ -179,6 +180,39 @@ func (q *qp) State() verbs.QPState {
 	return verbs.QPState(q.state.Load())
 }
 
+// Query reports the QP's state, path MTU, destination QPN and address vector as the
+// device holds them (ibv_query_qp), traffic class and SL included. It implements
+// verbs.QPQuerier.
+func (q *qp) Query() (verbs.QPAttr, error) {
+	q.modifyMu.Lock()
+	defer q.modifyMu.Unlock()
+	if q.closed.Load() {
+		return verbs.QPAttr{}, fmt.Errorf("ibv: query qp %#x: queue pair %w", q.qpn, verbs.ErrClosed)
+	}
+	var a C.struct_ibv_qp_attr
+	if rc := C.rsock_query_qp(q.qp, &a); rc != 0 {
+		return verbs.QPAttr{}, errnoError(fmt.Sprintf("query qp %#x", q.qpn), syscall.Errno(rc), classOther)
+	}
+	ah := &a.ah_attr
+	return verbs.QPAttr{
+		State:   verbs.QPState(a.qp_state),
+		PathMTU: verbs.MTU(a.path_mtu),
+		DestQPN: uint32(a.dest_qp_num),
+		Dest: verbs.AddressVector{
+			LID:          uint16(ah.dlid),
+			Port:         uint8(ah.port_num),
+			IsGlobal:     ah.is_global != 0,
+			DestGID:      *(*[16]byte)(unsafe.Pointer(&ah.grh.dgid)),
+			SGIDIndex:    uint8(ah.grh.sgid_index),
+			HopLimit:     uint8(ah.grh.hop_limit),
+			TrafficClass: uint8(ah.grh.traffic_class),
+			SL:           uint8(ah.sl),
+		},
+	}, nil
+}
+
+var _ verbs.QPQuerier = (*qp)(nil)
+
 // ToInit moves the QP from RESET to INIT. The attribute mask is the one
 // ibv_modify_qp(3) requires for RC: STATE | PKEY_INDEX | PORT | ACCESS_FLAGS.
 func (q *qp) ToInit(attr verbs.InitAttr) error {
@@ -224,12 +258,12 @@ func (q *qp) ToRTR(attr verbs.RTRAttr) error {
 }
 
 // setAH fills an ibv_ah_attr (ibv_create_ah(3)) from an AddressVector. With IsGlobal
-// (required for RoCE) the GRH carries the destination GID, the source GID index and
-// the hop limit; flow label, traffic class, SL, source path bits and static rate
-// stay 0.
+// (required for RoCE) the GRH carries the destination GID, the source GID index, the
+// hop limit and the traffic class; the SL is set in either case. Flow label, source
+// path bits and static rate stay 0.
 func setAH(ah *C.struct_ibv_ah_attr, av verbs.AddressVector) {
 	ah.dlid = C.uint16_t(av.LID)
-	ah.sl = 0
+	ah.sl = C.uint8_t(av.SL)
 	ah.src_path_bits = 0
 	ah.static_rate = 0
 	ah.port_num = C.uint8_t(av.Port)
@@ -240,6 +274,7 @@ func setAH(ah *C.struct_ibv_ah_attr, av verbs.AddressVector) {
 	// union ibv_gid is 16 raw bytes, in network order like verbs.GID.
 	*(*[16]byte)(unsafe.Pointer(&ah.grh.dgid)) = av.DestGID
 	ah.grh.sgid_index = C.uint8_t(av.SGIDIndex)
+	ah.grh.traffic_class = C.uint8_t(av.TrafficClass)
 	ah.grh.hop_limit = C.uint8_t(av.HopLimit)
 	if av.HopLimit == 0 {
 		ah.grh.hop_limit = defaultHopLimit

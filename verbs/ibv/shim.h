@@ -155,6 +155,19 @@ static inline int rsock_query_qp_state(struct ibv_qp *qp)
 	return (int)attr.qp_state;
 }
 
+// rsock_query_qp queries the QP's state, path MTU, destination QPN and address vector
+// (ibv_query_qp). It returns 0, or an errno.
+static inline int rsock_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr)
+{
+	struct ibv_qp_init_attr init;
+	int rc;
+
+	memset(attr, 0, sizeof(*attr));
+	memset(&init, 0, sizeof(init));
+	rc = rsock_ibv.query_qp(qp, attr, IBV_QP_STATE | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_AV, &init);
+	return rc < 0 ? -rc : rc;
+}
+
 // ---- Completion channel and async events ----
 
 // rsock_get_cq_event takes one event from a completion channel whose fd is

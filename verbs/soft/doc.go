@@ -79,7 +79,9 @@
 // # Fault injection
 //
 // [Fabric.BreakQP], [Fabric.BreakLink] and their Repair counterparts lose requests;
-// [Fabric.DelayQP] and [Fabric.DelayLink] delay them; [Fabric.FailQP] and
+// [Fabric.SetPath] makes the path between two GIDs unreachable or lossy (a filtered
+// RoCE port, a route to elsewhere), while the QPs on it still reach RTS; [QP.Query]
+// reports the address vector a QP was connected with; [Fabric.DelayQP] and [Fabric.DelayLink] delay them; [Fabric.FailQP] and
 // [Fabric.FailDevice] move QPs to ERROR as a fatal asynchronous event would;
 // [Fabric.FailAllocs] makes the next allocations of one kind fail with
 // [verbs.ErrNoResources].

@@ -78,6 +78,7 @@ type Fabric struct {
 	faultsUsed atomic.Bool
 	linkMu     sync.RWMutex
 	links      map[[2]int]linkFault // by ordered device index pair
+	paths      pathTable            // path.go
 
 	tap atomic.Pointer[func(TapEvent)] // see SetTap
 

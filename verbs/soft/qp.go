@@ -65,6 +65,7 @@ type sendQueue struct {
 	sgid     verbs.GID // source GID: the entry the address vector's SGIDIndex names
 	destDev  *device   // device of the destination GID, nil if no device has it
 	destQPN  uint32
+	av       verbs.AddressVector // as ToRTR was given it (path.go, query.go)
 	mtu      uint32
 	psn      uint32 // PSN of the next request
 	timeout  uint8
@@ -247,6 +248,7 @@ func (q *QP) ToRTR(attr verbs.RTRAttr) error {
 	}
 	dest := q.dev.fab.byGID[attr.Dest.DestGID]
 	q.sq.destDev, q.sq.destQPN, q.sq.mtu, q.sq.peer = dest, attr.DestQPN, uint32(attr.PathMTU.Bytes()), nil
+	q.sq.av = attr.Dest
 	q.rq.srcDev, q.rq.srcQPN, q.rq.mtu = dest, attr.DestQPN, uint32(attr.PathMTU.Bytes())
 	q.rq.epsn, q.rq.minRNR = attr.RQPSN, attr.MinRNRTimer
 	q.sq.sgid, q.rq.srcGID = sgid.GID, attr.Dest.DestGID
@@ -312,6 +314,7 @@ func (q *QP) ToReset() error {
 func (s *sendQueue) reset(polled uint64) {
 	s.posted, s.unreported = polled, 0
 	s.destDev, s.destQPN, s.mtu, s.psn, s.peer, s.sgid = nil, 0, 0, 0, nil, verbs.GID{}
+	s.av = verbs.AddressVector{}
 	s.timeout, s.retry, s.rnrRetry, s.rnrTimer = 0, 0, 0, 0
 }
 

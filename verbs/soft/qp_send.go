@@ -320,7 +320,7 @@ func (q *QP) execute(e *wqe) outcome {
 		return outDone
 	}
 	faults := q.dev.fab.faultsUsed.Load()
-	if faults && (q.broken.Load() || q.dev.fab.link(q.dev, q.sq.destDev).broken) {
+	if faults && (q.broken.Load() || q.dev.fab.link(q.dev, q.sq.destDev).broken || q.dev.fab.pathLoses(q)) {
 		return outLost
 	}
 	p := q.peerLocked()

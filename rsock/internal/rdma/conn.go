@@ -106,6 +106,8 @@ type Conn struct {
 	heard, heardMark uint64
 	silentPeriods    int
 	graceTimer       *time.Timer
+	started          bool       // Start was called: the control channel is the Conn's
+	proof            proofState // the peer's proof (conn_proof.go)
 }
 
 // queuePair is what a Conn needs of its QP once connected: posting, its number, and
@@ -163,6 +165,7 @@ func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) 
 		closed:       make(chan struct{}),
 		ctrlDone:     make(chan struct{}),
 		kaPeriod:     keepalive,
+		proof:        proofState{done: make(chan struct{})},
 	}
 	if ep.opts.GrowRingTo > ep.opts.RingSize {
 		c.growTo = ep.opts.GrowRingTo
@@ -179,6 +182,9 @@ func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) 
 // now on its end, or its silence past the keepalive timeout, ends the Conn.
 func (c *Conn) Start() {
 	c.startOnce.Do(func() {
+		c.mu.Lock()
+		c.started = true
+		c.mu.Unlock()
 		go c.readControl()
 		if c.kaPeriod > 0 {
 			c.mu.Lock()
@@ -188,9 +194,11 @@ func (c *Conn) Start() {
 	})
 }
 
-// failLocked records the first fatal error and wakes every waiter. It also makes sure
-// the peer learns: the QP goes to ERROR, so the peer's operations on it fail, and the
-// control reader is woken to close the control channel. Called with mu held.
+// failLocked records the first fatal error and wakes every waiter, a wait for the
+// peer's proof included. It also makes sure the peer learns: the QP goes to ERROR, so
+// the peer's operations on it fail, and, once the Conn is started, the control reader is
+// woken to close the control channel (before Start, the channel is still the
+// handshake's). Called with mu held.
 func (c *Conn) failLocked(err error) {
 	first := c.err == nil
 	if first {
@@ -199,9 +207,12 @@ func (c *Conn) failLocked(err error) {
 	signal(c.readable)
 	signal(c.writable)
 	signal(c.drained)
+	c.finishProofLocked(0, err)
 	if first && !c.closing {
 		c.qp.ToError()
-		c.ctrl.SetReadDeadline(aLongTimeAgo)
+		if c.started {
+			c.ctrl.SetReadDeadline(aLongTimeAgo)
+		}
 	}
 }
 

@@ -104,6 +104,7 @@ func newFakeConn(t *testing.T, q *fakeQP) *Conn {
 		drained:      make(chan struct{}, 1),
 		closed:       make(chan struct{}),
 		ctrlDone:     make(chan struct{}),
+		proof:        proofState{done: make(chan struct{})},
 	}
 	c.rdl.init()
 	c.wdl.init()

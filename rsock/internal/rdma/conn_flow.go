@@ -47,6 +47,10 @@ func (c *Conn) onCompletion(wc *verbs.WorkCompletion) {
 		c.stale.Add(1)
 		return
 	}
+	if wc.WRID&recvWRFlag != 0 && wc.WRID&seqMask == proofRecvIndex {
+		c.onProof(wc)
+		return
+	}
 	if wc.Status != verbs.WCSuccess {
 		c.mu.Lock()
 		c.failLocked(qpError("completion", wc.Err()))

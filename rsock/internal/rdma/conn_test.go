@@ -205,8 +205,7 @@ func TestKeepalive(t *testing.T) {
 		r := <-bc
 		require.NoError(t, r.err)
 		b := r.c
-		a.Start()
-		b.Start()
+		startPair(t, a, b)
 
 		time.Sleep(100 * period) // idle on the bubble's clock: a hundred keepalive periods
 		_, err = a.Write([]byte("x"))

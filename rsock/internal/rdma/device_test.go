@@ -98,8 +98,7 @@ func TestSparseGIDTable(t *testing.T) {
 	require.NoError(t, err)
 	b, err := eb.Connect(ea.Offer(), cb, 0)
 	require.NoError(t, err)
-	a.Start()
-	b.Start()
+	startPair(t, a, b)
 	moveVerified(t, a, b, 64<<10)
 	moveVerified(t, b, a, 64<<10)
 	require.NoError(t, a.Close())
@@ -281,9 +280,9 @@ func TestPrepareRoCEVersion(t *testing.T) {
 		{Index: 7, GID: ip, Type: verbs.GIDTypeRoCEv2, Netdev: "lo"},
 	}}}})
 	for _, tt := range []struct {
-		pref verbs.GIDType
+		pref int // Options.RoCEVersion
 		want int
-	}{{0, 7}, {verbs.GIDTypeRoCEv2, 7}, {verbs.GIDTypeRoCEv1, 6}} {
+	}{{0, 7}, {2, 7}, {1, 6}} {
 		e, err := Prepare(f, loopback, Options{RoCEVersion: tt.pref})
 		require.NoError(t, err)
 		require.Equal(t, tt.want, e.path.gid.Index, "GID index with preference %v", tt.pref)

@@ -5,7 +5,11 @@
 // The engine knows nothing of which verbs provider it runs on, nor of the hello that
 // negotiated it: rsock's upgrade step calls [Prepare] on each side to create a QP and
 // register a ring, exchanges the two [Offer]s over the bootstrap connection, and calls
-// [Endpoint.Connect] to bring the QP to RTS and obtain a [Conn].
+// [Endpoint.Connect] to bring the QP to RTS and obtain a [Conn]. The first message on
+// each QP is then the caller's proof ([Conn.SendProof], [Conn.ProofDone], [Conn.Proof];
+// conn_proof.go), which lands in a receive WQE posted ahead of the flow-controlled ones
+// and outside flow control; the caller may take the peer's ring from it
+// ([Conn.SetPeerRing]) and calls [Conn.Start] once the path is proven.
 //
 // Devices are shared: one opened context and set of CQs per provider and device,
 // whatever the number of connections; the protection domain is each connection's own
@@ -22,7 +26,8 @@
 // [PrepareContext] fails with [ErrDeviceLimit] naming each figure, and rsock falls
 // back; the CQ size and the inline size are fitted to the device instead.
 //
-// Files follow the data path: setup.go (resources and QP transitions), conn_send.go
+// Files follow the data path: setup.go (resources and QP transitions), conn_proof.go
+// (the proof exchange before Start), conn_send.go
 // (Write), conn_recv.go (Read and spilling), conn_spill.go (the unpinned receive
 // buffer), conn_flow.go (credits and completions), conn_close.go (FIN and teardown),
 // poller.go (completion polling shared by many connections, one CQ per poller, spread

@@ -42,8 +42,7 @@ func connPairIPs(t testing.TB, p verbs.Provider, ipA, ipB string, opts Options) 
 	require.NoError(t, err)
 	b, err := eb.Connect(ea.Offer(), cb, 0)
 	require.NoError(t, err)
-	a.Start()
-	b.Start()
+	startPair(t, a, b)
 	return a, b
 }
 
@@ -275,8 +274,7 @@ func TestFaultRNRStorm(t *testing.T) {
 	require.NoError(t, err)
 	b, err := eb.Connect(ea.Offer(), cb, 0)
 	require.NoError(t, err)
-	a.Start()
-	b.Start()
+	startPair(t, a, b)
 
 	// Many small writes, each a message, outrun the receiver's eight WQEs.
 	d := verifiedStream(t, smallWrites{a}, b, 7, 4<<20, nil)

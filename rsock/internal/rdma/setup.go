@@ -53,9 +53,15 @@ type Options struct {
 	// Budget, if not nil, is charged for the endpoint's QP and every byte it registers,
 	// and refunded as they are destroyed; a refused charge fails Prepare (see Budget).
 	Budget Budget
-	// RoCEVersion is the preferred RoCE GID type (verbs.GIDTypeRoCEv1 or v2) when the
-	// local IP has both; zero means v2. See verbs.Selector.
-	RoCEVersion verbs.GIDType
+	// TrafficClass is the GRH traffic class of the QP's packets: for RoCE v2 the IP
+	// header's DSCP (upper six bits) and ECN (lower two). Default 0.
+	TrafficClass uint8
+	// ServiceLevel is the QP's service level, 0 to 15 (RoCE: the VLAN priority the
+	// device maps it to). Default 0.
+	ServiceLevel uint8
+	// RoCEVersion is the preferred RoCE version of the source GID where the local IP
+	// has a GID of each, 1 or 2; 0 means no preference (v2). See verbs.Selector.
+	RoCEVersion int
 
 	// netdevOf replaces the selector's interface lookup (verbs.Selector.NetdevOf) in tests.
 	netdevOf func(netip.Addr) (string, error)
@@ -139,6 +145,14 @@ func (o Options) firstSendBuffer() int {
 	return min(o.SendBufferSize, max(o.RingSize/2, 1<<10))
 }
 
+// roceGIDType is the selector's form of RoCEVersion.
+func (o Options) roceGIDType() verbs.GIDType {
+	if o.RoCEVersion == 1 {
+		return verbs.GIDTypeRoCEv1
+	}
+	return verbs.GIDTypeRoCEv2
+}
+
 func (o Options) validate() error {
 	switch {
 	case o.RingSize < MinRingSize || o.RingSize > MaxRingSize || bits.OnesCount(uint(o.RingSize)) != 1:
@@ -155,6 +169,10 @@ func (o Options) validate() error {
 		return fmt.Errorf("negative registered-memory budget %d", o.MaxRegisteredMemory)
 	case o.ReadBufferSize > MaxReadBufferSize:
 		return fmt.Errorf("read buffer of %d bytes is above %d", o.ReadBufferSize, MaxReadBufferSize)
+	case o.ServiceLevel > 15:
+		return fmt.Errorf("service level %d is above 15", o.ServiceLevel)
+	case o.RoCEVersion < 0 || o.RoCEVersion > 2:
+		return fmt.Errorf("RoCE version %d is not 1 or 2 (0: no preference)", o.RoCEVersion)
 	}
 	return nil
 }
@@ -229,7 +247,7 @@ func PrepareContext(ctx context.Context, p verbs.Provider, ip netip.Addr, opts O
 			ep.release()
 		}
 	}()
-	dev, path, err := acquireDevice(ctx, p, ip, verbs.Selector{RoCEVersion: opts.RoCEVersion, NetdevOf: opts.netdevOf})
+	dev, path, err := acquireDevice(ctx, p, ip, verbs.Selector{RoCEVersion: opts.roceGIDType(), NetdevOf: opts.netdevOf})
 	if err != nil {
 		return nil, err
 	}
@@ -240,7 +258,8 @@ func PrepareContext(ctx context.Context, p verbs.Provider, ip netip.Addr, opts O
 	if !dev.admit(opts.MaxConns) {
 		return nil, fmt.Errorf("%w: %d on %s", ErrTooManyConns, opts.MaxConns, dev.attr.Name)
 	}
-	ep.admitted, ep.entries = true, opts.SendWQEs+opts.RecvWQEs
+	// One more receive WQE than opts.RecvWQEs: the proof WQE (conn_proof.go).
+	ep.admitted, ep.entries = true, opts.SendWQEs+opts.RecvWQEs+1
 	if ep.poller, err = dev.pollerFor(ep.entries, opts.CQSize, opts.PollSpin); err != nil {
 		ep.entries = 0
 		return nil, err
@@ -259,7 +278,7 @@ func PrepareContext(ctx context.Context, p verbs.Provider, ip netip.Addr, opts O
 		SendCQ: ep.poller.qpCQ,
 		RecvCQ: ep.poller.qpCQ,
 		Caps: verbs.QPCaps{
-			MaxSendWR: opts.SendWQEs, MaxRecvWR: opts.RecvWQEs,
+			MaxSendWR: opts.SendWQEs, MaxRecvWR: opts.RecvWQEs + 1,
 			MaxSendSGE: 1, MaxRecvSGE: 1, MaxInlineData: ep.inline,
 		},
 	})
@@ -268,6 +287,11 @@ func PrepareContext(ctx context.Context, p verbs.Provider, ip netip.Addr, opts O
 	}
 	if err = ep.qp.ToInit(verbs.InitAttr{Port: path.port.Num, Access: verbs.AccessRemoteWrite}); err != nil {
 		return nil, fmt.Errorf("QP to INIT: %w", err)
+	}
+	// The proof WQE first: the peer's first message lands in it (conn_proof.go).
+	proofSGE := []verbs.SGE{{Addr: ep.ring.Addr(), Length: ProofMaxLen, LKey: ep.ring.LKey()}}
+	if err = ep.qp.PostRecv([]verbs.RecvWR{{ID: recvWRFlag | ep.gen | proofRecvIndex, SGL: proofSGE}}); err != nil {
+		return nil, fmt.Errorf("post the proof WQE: %w", err)
 	}
 	var recv [1]verbs.RecvWR
 	for i := range opts.RecvWQEs {
@@ -321,6 +345,7 @@ func (ep *Endpoint) connectQP(peer Offer) error {
 			LID: peer.LID, Port: ep.path.port.Num, IsGlobal: true,
 			// The hardware index (the selector never picks one above 255).
 			DestGID: peer.GID, SGIDIndex: uint8(ep.path.gid.Index), HopLimit: 64,
+			TrafficClass: ep.opts.TrafficClass, SL: ep.opts.ServiceLevel,
 		},
 		MinRNRTimer: 12, // 0.64 ms; flow control keeps RNR from happening at all
 	})

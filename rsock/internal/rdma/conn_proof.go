@@ -1,0 +1,149 @@
+package rdma
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/rsockio/rsock/verbs"
+)
+
+// This file is the proof exchange: the first message each side sends on a new QP, before
+// any flow-controlled traffic, so that the caller can prove the path (and bind the QP to
+// its bootstrap connection) before it declares the upgrade.
+//
+// Prepare posts one receive WQE before the flow-controlled ones, the proof WQE (WR ID
+// index proofRecvIndex), whose buffer is the first ProofMaxLen bytes of the receive ring. RC
+// delivers in order and a receive queue is consumed in order, so the peer's first
+// message lands in it, whatever it is. That message must be a SEND of at most
+// ProofMaxLen bytes (its payload is the caller's business: rsock puts its proof in
+// it); anything else fails the Conn with ErrProtocol. The proof WQE is not re-posted.
+//
+// The proof stays outside flow control, and flowctl's invariants hold unchanged:
+//
+//   - The proof WQE is posted in addition to Options.RecvWQEs, which alone are the
+//     peer's initial WQE credit; the peer's proof spends exactly the proof WQE.
+//   - The proof's bytes land at the start of the ring before any data may: the peer
+//     writes data only once the caller has read the proof (rsock's peer waits for this
+//     side's proof, or its confirmation, which come after), so no ring credit is spent
+//     on it and none is returned for it.
+//   - Our own proof is one signaled SEND, numbered and retired like any send WR, whose
+//     staging bytes free with its completion.
+
+// ProofMaxLen is the largest proof payload: the size of the proof WQE's buffer.
+const ProofMaxLen = 64
+
+// proofRecvIndex is the receive WQE index of the proof WQE, in its WR ID with
+// recvWRFlag and the endpoint's generation like every receive WQE: an index no
+// flow-controlled WQE uses.
+const proofRecvIndex = seqMask
+
+// ErrNoProof reports that the Conn failed, or was closed, before the peer's proof
+// arrived.
+var ErrNoProof = errors.New("rdma: no proof from the peer")
+
+// proofState is a Conn's side of the exchange. Guarded by Conn.mu; done is closed
+// once, when the peer's proof arrived or the Conn failed first.
+type proofState struct {
+	done chan struct{}
+	got  bool // done is closed
+	buf  [ProofMaxLen]byte
+	n    int
+	err  error
+}
+
+// finishProofLocked records the outcome of the wait for the peer's proof, once. Called
+// with mu held.
+func (c *Conn) finishProofLocked(n int, err error) {
+	if c.proof.got {
+		return
+	}
+	c.proof.got, c.proof.n, c.proof.err = true, n, err
+	close(c.proof.done)
+}
+
+// onProof handles the completion of the proof WQE, on the poller's goroutine.
+func (c *Conn) onProof(wc *verbs.WorkCompletion) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var err error
+	switch {
+	case wc.Status != verbs.WCSuccess:
+		err = qpError("proof", wc.Err())
+	case wc.Opcode != verbs.WCRecv || wc.Flags&verbs.WCWithImm != 0:
+		err = fmt.Errorf("%w: the peer's first message is a %v completion, not a proof", ErrProtocol, wc.Opcode)
+	case wc.ByteLen > ProofMaxLen:
+		// Unreachable on a device that honours the WQE's length; checked all the same.
+		err = fmt.Errorf("%w: proof of %d bytes", ErrProtocol, wc.ByteLen)
+	}
+	if err != nil {
+		c.failLocked(err)
+		return
+	}
+	n := copy(c.proof.buf[:], c.ring[:wc.ByteLen])
+	c.finishProofLocked(n, nil)
+}
+
+// SendProof posts p (at most ProofMaxLen bytes) to the peer as one signaled SEND, the
+// first message on the QP. It is called at most once, before [Conn.Start]; the peer's
+// proof WQE takes it.
+func (c *Conn) SendProof(p []byte) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case len(p) == 0 || len(p) > ProofMaxLen:
+		return fmt.Errorf("rdma: proof of %d bytes, want 1 to %d", len(p), ProofMaxLen)
+	case c.sqPosted != 0:
+		return errors.New("rdma: proof after other sends")
+	case c.err != nil:
+		return c.err
+	case len(p) > c.stageContig():
+		return fmt.Errorf("rdma: proof of %d bytes exceeds the %d-byte send buffer", len(p), len(c.stage))
+	}
+	off := c.stageTail % uint64(len(c.stage))
+	copy(c.stage[off:], p)
+	wr := &c.wrs[0]
+	*wr = verbs.SendWR{Opcode: verbs.OpSend, Flags: verbs.SendSignaled}
+	c.sges[0][0] = verbs.SGE{Addr: c.stageAddr + off, Length: uint32(len(p)), LKey: c.stageKey}
+	wr.SGL = c.sges[0][:]
+	c.stageTail += uint64(len(p))
+	c.wrEnd[0] = c.stageTail
+	return c.postLocked(1)
+}
+
+// ProofDone returns a channel closed when the peer's proof has arrived or the Conn has
+// failed before it; [Conn.Proof] then says which.
+func (c *Conn) ProofDone() <-chan struct{} { return c.proof.done }
+
+// Proof returns the peer's proof payload, a copy, once ProofDone is closed; before, or
+// when the Conn failed first, an error (matching ErrNoProof, and the failure).
+func (c *Conn) Proof() ([]byte, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case !c.proof.got:
+		return nil, fmt.Errorf("%w yet", ErrNoProof)
+	case c.proof.err != nil:
+		return nil, fmt.Errorf("%w: %w", ErrNoProof, c.proof.err)
+	}
+	return append([]byte(nil), c.proof.buf[:c.proof.n]...), nil
+}
+
+// SetPeerRing sets the peer's ring address and key, which the caller learned from the
+// peer's proof rather than from the Offer. It is called before [Conn.Start], before any
+// Write.
+func (c *Conn) SetPeerRing(addr uint64, rkey uint32) {
+	c.mu.Lock()
+	c.peerRingAddr, c.peerRKey = addr, rkey
+	c.mu.Unlock()
+}
+
+// QueryQP reports the attributes the Conn's QP runs with, as the device applied them
+// (traffic class and service level included), where the provider can say
+// ([verbs.QPQuerier]).
+func (c *Conn) QueryQP() (verbs.QPAttr, error) {
+	q, ok := c.qp.(verbs.QPQuerier)
+	if !ok {
+		return verbs.QPAttr{}, fmt.Errorf("rdma: query QP: the provider's QPs do not report their attributes")
+	}
+	return q.Query()
+}
