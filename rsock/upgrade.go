@@ -382,7 +382,8 @@ func prepareReason(p verbs.Provider, err error) error {
 	case errors.Is(err, rdma.ErrMemoryBudget), errors.Is(err, rdma.ErrMemlock):
 		// The engine's text names the limit and the figures.
 		return fmt.Errorf("%w: provider %s: %w", ErrResourcesExhausted, p.Name(), err)
-	case errors.Is(err, verbs.ErrNoResources), errors.Is(err, rdma.ErrTooManyConns):
+	case errors.Is(err, verbs.ErrNoResources), errors.Is(err, rdma.ErrTooManyConns),
+		errors.Is(err, rdma.ErrDeviceLimit): // the text names the limit and the figure
 		return fmt.Errorf("%w: provider %s: %w", ErrResourcesExhausted, p.Name(), err)
 	}
 	return fmt.Errorf("%w: provider %s: %w", ErrUpgradeFailed, p.Name(), err)

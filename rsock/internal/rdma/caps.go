@@ -36,11 +36,11 @@ func checkCaps(d verbs.DeviceAttr, opts Options) error {
 		if opts.SendWQEs > d.MaxQPWR {
 			add("send queue depth %d > max_qp_wr %d", opts.SendWQEs, d.MaxQPWR)
 		}
-		if opts.RecvWQEs > d.MaxQPWR {
-			add("receive queue depth %d > max_qp_wr %d", opts.RecvWQEs, d.MaxQPWR)
+		if opts.RecvWQEs+1 > d.MaxQPWR { // and the proof WQE (conn_proof.go)
+			add("receive queue depth %d > max_qp_wr %d", opts.RecvWQEs+1, d.MaxQPWR)
 		}
 	}
-	if n := opts.SendWQEs + opts.RecvWQEs; d.MaxCQE > 0 && n > d.MaxCQE {
+	if n := opts.SendWQEs + opts.RecvWQEs + 1; d.MaxCQE > 0 && n > d.MaxCQE {
 		add("%d completions per connection > max_cqe %d", n, d.MaxCQE)
 	}
 	if d.MaxMRSize > 0 {

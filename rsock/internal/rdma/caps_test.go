@@ -22,13 +22,13 @@ func TestCheckCaps(t *testing.T) {
 	}{
 		{"within limits", dev(16384, 1<<22, 1<<34), def, ""},
 		{"limits not reported", dev(0, 0, 0), def, ""},
-		{"exactly at the limits", dev(64, 128, 128<<10), def, ""},
+		{"exactly at the limits (the proof WQE included)", dev(65, 129, 128<<10), def, ""},
 		{"queue depths", dev(32, 0, 0), def,
-			"rdma: beyond the device's limits of mlx5_0: send queue depth 64 > max_qp_wr 32, receive queue depth 64 > max_qp_wr 32"},
+			"rdma: beyond the device's limits of mlx5_0: send queue depth 64 > max_qp_wr 32, receive queue depth 65 > max_qp_wr 32"},
 		{"receive depth only", dev(100, 0, 0), Options{RecvWQEs: 128}.withDefaults(),
-			"rdma: beyond the device's limits of mlx5_0: receive queue depth 128 > max_qp_wr 100"},
+			"rdma: beyond the device's limits of mlx5_0: receive queue depth 129 > max_qp_wr 100"},
 		{"CQ entries", dev(0, 100, 0), def,
-			"rdma: beyond the device's limits of mlx5_0: 128 completions per connection > max_cqe 100"},
+			"rdma: beyond the device's limits of mlx5_0: 129 completions per connection > max_cqe 100"},
 		{"registration size", dev(0, 0, 64<<10), def,
 			"rdma: beyond the device's limits of mlx5_0: receive ring of 131072 bytes > max_mr_size 65536"},
 		{"send buffer", dev(0, 0, 64<<10), Options{RingSize: 64 << 10, SendBufferSize: 128 << 10}.withDefaults(),
@@ -56,11 +56,11 @@ func TestPrepareWithinDeviceLimits(t *testing.T) {
 	f := soft.New(soft.Options{Limits: soft.Limits{MaxQPWR: 32}})
 	_, err := Prepare(f, loopback, Options{})
 	require.ErrorIs(t, err, ErrDeviceLimit)
-	require.EqualError(t, err, "rdma: beyond the device's limits of soft0: send queue depth 64 > max_qp_wr 32, receive queue depth 64 > max_qp_wr 32")
+	require.EqualError(t, err, "rdma: beyond the device's limits of soft0: send queue depth 64 > max_qp_wr 32, receive queue depth 65 > max_qp_wr 32")
 	requireReleased(t, f)
 	require.Zero(t, f.Stats().Contexts, "nothing opened for nobody")
 
-	e, err := Prepare(f, loopback, Options{SendWQEs: 32, RecvWQEs: 32})
+	e, err := Prepare(f, loopback, Options{SendWQEs: 32, RecvWQEs: 31}) // and the proof WQE
 	require.NoError(t, err, "depths at the limit")
 	require.NoError(t, e.Abort())
 	requireReleased(t, f)
