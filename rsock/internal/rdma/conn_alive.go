@@ -20,8 +20,9 @@ import (
 //     maxSilentPeriods periods in a row without a single completion, of a probe or
 //     of anything else, end the Conn with ErrKeepaliveTimeout. So a connection whose
 //     peer falls silent at any moment, the very start included, fails within
-//     (maxSilentPeriods+1) keepalive periods of the peer's last sign of life, and
-//     within maxSilentPeriods periods of Start if there never was one. (When the peer
+//     (maxSilentPeriods+1) keepalive periods of the peer's last sign of life; the
+//     proof exchange just before Start is one, so the bound holds from the start of
+//     the connection too. (When the peer
 //     notices first, it closes the control channel, and this side fails closeGrace
 //     later with ErrControlLost.)
 //

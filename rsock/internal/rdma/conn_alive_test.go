@@ -35,8 +35,7 @@ func pipePairKA(t *testing.T, f *soft.Fabric, kaA, kaB time.Duration) (*Conn, *C
 	require.NoError(t, err)
 	r := <-bc
 	require.NoError(t, r.err)
-	a.Start()
-	r.c.Start()
+	startPair(t, a, r.c)
 	return a, r.c
 }
 
@@ -86,8 +85,9 @@ func TestSilentPeerFromStart(t *testing.T) {
 			fault: func(f *soft.Fabric, a, b *Conn) {
 				require.NoError(t, f.DelayLink("soft0", "soft0", 1000*time.Hour))
 			},
-			// b, just as deaf, may give up first and close the control channel.
-			want: []error{ErrKeepaliveTimeout, ErrControlLost}, withinMax: maxSilentPeriods * period,
+			// b, just as deaf, may give up first and close the control channel. The proof
+			// exchange just before Start is the peer's last sign of life.
+			want: []error{ErrKeepaliveTimeout, ErrControlLost}, withinMax: (maxSilentPeriods + 1) * period,
 		},
 		{
 			name:    "device stops answering after traffic",
