@@ -1,6 +1,8 @@
 package rsock
 
 import (
+	"time"
+
 	"bytes"
 	"errors"
 	"io"
@@ -8,6 +10,7 @@ import (
 	"net"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/net/nettest"
 
@@ -25,10 +28,19 @@ func rdmaConfigs(t testing.TB, f Fallback, fab *soft.Fabric) (server, client *Co
 }
 
 // requireReleased checks that every soft resource went back to the fabric.
+//
+// A Close that races a Read in progress leaves the release to that Read, which returns
+// at once; so it waits for the release, up to 30 s, instead of sampling the counts the
+// moment Close returned.
 func requireReleased(t testing.TB, fab *soft.Fabric) {
 	t.Helper()
-	s := fab.Stats()
-	require.Zero(t, s.QPs+s.MRs+s.CQs+s.PDs+s.Contexts+s.CompChannels, "soft resources left: %+v", s)
+	held := func() int {
+		s := fab.Stats()
+		return s.QPs + s.MRs + s.CQs + s.PDs + s.Contexts + s.CompChannels
+	}
+	if !assert.Eventually(t, func() bool { return held() == 0 }, 30*time.Second, time.Millisecond) {
+		t.Fatalf("soft resources left: %+v", fab.Stats())
+	}
 }
 
 func TestRDMANetConn(t *testing.T) {
