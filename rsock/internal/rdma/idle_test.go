@@ -3,6 +3,7 @@ package rdma
 import (
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -84,7 +85,12 @@ func TestIdleFootprint(t *testing.T) {
 	// Back to the start, up to what a collection leaves behind: under 1% of one end's
 	// figure per connection.
 	require.Less(t, perEnd(closed.heap-base.heap), (heap+stacks)/100, "heap per end left after Close")
-	require.LessOrEqual(t, closed.stacks, base.stacks+256<<10, "stacks after Close")
+	// Goroutines a Close ends (a control reader it wakes) exit after it returns, and
+	// their stacks go back at a later collection: wait for that, bounded.
+	require.Eventually(t, func() bool {
+		closed = measure()
+		return perEnd(closed.stacks-base.stacks) < (heap+stacks)/100
+	}, 30*time.Second, 10*time.Millisecond, "stacks per end left after Close: %+d B in all", closed.stacks-base.stacks)
 	require.NoError(t, a0.Close())
 	require.NoError(t, b0.Close())
 	requireReleased(t, f)
