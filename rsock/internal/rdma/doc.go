@@ -57,9 +57,10 @@
 // Why a PD per connection and not type-2 memory windows over shared regions: a PD costs
 // one small kernel object per connection and nothing on the data path, and works on
 // every device. A type-2 window is bound by a work request on its QP, so only once the
-// QP is in RTS: its rkey could not travel in the hello before the peer may write, the
-// bind would cost a round trip or race the peer's first write, and every ring resize
-// would be another bind through the send queue and its credits. Windows pay off when
+// QP is in RTS: the bind would have to complete before the proof that carries the
+// ring's rkey (conn_proof.go), every ring resize would be another bind through the
+// send queue and its credits, and not every device (nor soft) supports type-2 windows.
+// Windows pay off when
 // many connections share one registration (pooled pinned memory). With a PD per
 // connection, pooling stays per connection: a ring grows and shrinks by registering
 // regions in the connection's PD, and the pages behind them may come from a
