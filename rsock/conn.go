@@ -241,6 +241,13 @@ func (c *Conn) CloseWrite() error {
 
 // Close closes the connection. Blocked Reads and Writes return errors matching
 // [net.ErrClosed].
+//
+// Over RDMA, Close waits up to [Config.Linger] for the peer's device to acknowledge the
+// bytes Write accepted and the end of the stream. A nil error means every one of them
+// reached the peer. When the connection failed with some still unacknowledged (a path
+// or port that died mid-stream), Close returns that failure, and when the linger time
+// ran out, an error matching [ErrLingerTimeout]: those bytes may be lost, as with a TCP
+// connection reset before its send buffer drained. Write returning is not delivery.
 func (c *Conn) Close() error {
 	if c.pending.Load() && c.tcp != nil {
 		if closed, err := c.closeBeforeReply(); closed {

@@ -112,4 +112,8 @@ var (
 	// ErrPortDown: the connection's RDMA port went down (link or netdev down); every
 	// connection on the port fails at once.
 	ErrPortDown = rdma.ErrPortDown
+	// ErrLingerTimeout: from Close, the peer did not acknowledge the bytes written
+	// and the end of the stream within [Config.Linger]; they may be lost. (A Close
+	// after the connection failed with bytes unacknowledged returns that failure.)
+	ErrLingerTimeout = rdma.ErrLingerTimeout
 )

@@ -67,7 +67,7 @@ func (c *Conn) close() error {
 	if ka != nil {
 		ka.Stop()
 	}
-	c.drain()
+	undelivered := c.drain()
 	c.mu.Lock()
 	if !c.reading {
 		c.spill.release() // else the Read in progress releases it when it ends
@@ -82,7 +82,7 @@ func (c *Conn) close() error {
 		c.graceTimer.Stop()
 	}
 	c.mu.Unlock()
-	return errors.Join(err, c.teardown())
+	return errors.Join(undelivered, err, c.teardown())
 }
 
 // Abandon tears the Conn down without a FIN and without touching the control channel,
@@ -128,17 +128,30 @@ func (c *Conn) teardown() error {
 
 // drain waits until the FIN has been posted and has completed (and with it, in order,
 // every write before it), the Conn fails, the peer is gone, or the linger time passes.
-func (c *Conn) drain() {
+//
+// It returns an error, which Close reports, when it ends with work requests the peer's
+// device never acknowledged because the Conn failed or the linger time passed: bytes
+// Write accepted may then be lost (as with a TCP socket reset, or closed with SO_LINGER
+// and a timeout), and a nil error from Close means every one of them reached the peer's
+// ring. It returns nil when Linger is negative: the caller chose not to wait.
+func (c *Conn) drain() error {
 	if c.linger < 0 {
-		return
+		return nil
 	}
 	var timeout <-chan time.Time
 	for {
 		c.mu.Lock()
-		done := c.err != nil || c.peerGone || (c.finPosted && c.sqDone > c.finID)
+		delivered := c.finPosted && c.sqDone > c.finID
+		failed, gone := c.err, c.peerGone
+		unacked := c.sqPosted - c.sqDone
 		c.mu.Unlock()
-		if done {
-			return
+		switch {
+		case delivered || (gone && failed == nil):
+			return nil
+		case failed != nil && unacked == 0:
+			return nil // everything posted was acknowledged; the failure was reported
+		case failed != nil:
+			return fmt.Errorf("rdma: close: %d work requests (writes or the FIN) never acknowledged by the peer, so bytes Write accepted may be lost: %w", unacked, failed)
 		}
 		if timeout == nil {
 			t := time.NewTimer(c.linger)
@@ -148,7 +161,7 @@ func (c *Conn) drain() {
 		select {
 		case <-c.drained:
 		case <-timeout:
-			return
+			return fmt.Errorf("rdma: close: the peer did not acknowledge the bytes written and the FIN within the linger time of %v: %w", c.linger, ErrLingerTimeout)
 		}
 	}
 }

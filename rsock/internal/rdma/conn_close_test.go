@@ -47,9 +47,9 @@ func TestCloseBeforePeerReads(t *testing.T) {
 }
 
 // TestCloseLingerBound: when the peer's device does not acknowledge (here every request
-// is held back for an hour), Close gives up after the linger time, or at once with a
-// negative one, and the peer reads the bytes that did arrive and then an error, never
-// io.EOF.
+// is held back for an hour), Close gives up after the linger time, reporting
+// ErrLingerTimeout, or at once with a negative one, and the peer reads the bytes that
+// did arrive and then an error, never io.EOF.
 func TestCloseLingerBound(t *testing.T) {
 	for _, linger := range []time.Duration{20 * time.Millisecond, -1} {
 		t.Run(linger.String(), func(t *testing.T) {
@@ -66,7 +66,13 @@ func TestCloseLingerBound(t *testing.T) {
 			require.NoError(t, f.DelayQP(a.ep.qp, time.Hour))
 			_, err = a.Write(streamBytes(9, 10<<10))
 			require.NoError(t, err)
-			require.NoError(t, a.Close(), "only the linger time can end this Close")
+			// Only the linger time can end this Close, and it says the bytes may be lost;
+			// a negative linger means the caller chose not to wait, or to know.
+			if err := a.Close(); linger < 0 {
+				require.NoError(t, err)
+			} else {
+				require.ErrorIs(t, err, ErrLingerTimeout)
+			}
 
 			n, err := b.Read(got)
 			require.Error(t, err, "read %d bytes after the last that arrived", n)
@@ -119,5 +125,25 @@ func TestCloseDuringWriteTo(t *testing.T) {
 	close(w.next)
 	require.ErrorIs(t, <-done, net.ErrClosed)
 	require.NoError(t, a.Close())
+	requireReleased(t, f)
+}
+
+// TestCloseReportsUndelivered: a Conn that failed while bytes Write accepted were still
+// unacknowledged returns that failure from Close, so that the application learns they
+// may be lost. (A Close after every byte was acknowledged returns nil: every other
+// test that closes a healthy Conn checks that.)
+func TestCloseReportsUndelivered(t *testing.T) {
+	f := soft.New(soft.Options{})
+	a, b := connPair(t, f, Options{})
+	require.NoError(t, f.BreakQP(b.ep.qp))
+	_, err := a.Write(streamBytes(3, 4<<10))
+	require.NoError(t, err, "accepted: the failure is not known yet")
+	// The write's retries run out (about half a second): a fails.
+	_, err = a.Read(make([]byte, 1))
+	require.ErrorIs(t, err, ErrQPFailed)
+	err = a.Close()
+	require.ErrorIs(t, err, ErrQPFailed, "Close after bytes were lost")
+	require.ErrorContains(t, err, "never acknowledged by the peer")
+	b.Close()
 	requireReleased(t, f)
 }

@@ -54,4 +54,7 @@ var (
 	// (IBV_EVENT_PORT_ERR: link down, netdev down): every connection on the port
 	// fails at once.
 	ErrPortDown = errors.New("rdma: port went down")
+	// ErrLingerTimeout reports, from Close, that the peer did not acknowledge the bytes
+	// written and the FIN within the linger time: they may be lost.
+	ErrLingerTimeout = errors.New("rdma: linger time passed")
 )
