@@ -49,6 +49,11 @@ func TestMemlockFallback(t *testing.T) {
 	p, noDefault := defaultProvider()
 	t.Run("default provider", func(t *testing.T) {
 		scfg, ccfg := configs(t, FallbackTCP)
+		// A fixed 128 KiB ring and 64 KiB of staging: one end alone is over the limit
+		// (growing rings, the default, start well under it).
+		for _, cfg := range []*Config{scfg, ccfg} {
+			cfg.RingSize, cfg.GrowRingTo, cfg.SendBufferSize = 128<<10, -1, 64<<10
+		}
 		ln := listen(t, scfg)
 		c, s := pipe(t, ln, ccfg)
 		defer c.Close()
@@ -67,7 +72,7 @@ func TestMemlockFallback(t *testing.T) {
 		scfg, ccfg := configs(t, FallbackTCP)
 		// Small enough for rsock's own check, too much for what the kernel has left.
 		for _, cfg := range []*Config{scfg, ccfg} {
-			cfg.RingSize, cfg.SendBufferSize = 16<<10, 8<<10
+			cfg.RingSize, cfg.GrowRingTo, cfg.SendBufferSize = 16<<10, -1, 8<<10
 		}
 		if noDefault == nil {
 			release := pinOutside(t, p, memlockLimit-16<<10)

@@ -155,7 +155,7 @@ func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) 
 		ctrlDone:     make(chan struct{}),
 		kaPeriod:     keepalive,
 	}
-	if ep.opts.GrowRingTo > ep.opts.RingSize {
+	if ep.opts.grows() {
 		c.growTo = ep.opts.GrowRingTo
 	}
 	c.rdl.init()
