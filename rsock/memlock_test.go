@@ -3,6 +3,7 @@ package rsock
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strings"
@@ -32,7 +33,8 @@ const memlockLimit = 128 << 10
 // connection's own memory is over the limit, and from the kernel's ENOMEM when memory
 // pinned outside rsock leaves too little. Where there is no default provider, the same
 // connections fall back for that reason. On soft, which pins nothing, the limit does not
-// apply and the connection uses RDMA. Every connection echoes both ways.
+// apply and the connection uses RDMA. At the defaults, rings that grow, a connection
+// fits under the limit on every provider and streams. Every connection echoes both ways.
 func TestMemlockFallback(t *testing.T) {
 	if os.Getenv(memlockChildEnv) != "1" {
 		runMemlockChild(t)
@@ -91,6 +93,37 @@ func TestMemlockFallback(t *testing.T) {
 			require.ErrorContains(t, why, fmt.Sprintf("RLIMIT_MEMLOCK %d", memlockLimit))
 		}
 		requireEcho(t, c, s)
+	})
+	t.Run("default provider, growing rings at the defaults", func(t *testing.T) {
+		// An idle end pins an 8 KiB ring with its mailbox (three pages) and 4 KiB of
+		// staging: both ends fit under the limit, and a stream goes through, its rings
+		// growing as far as the limit lets them.
+		scfg, ccfg := configs(t, FallbackTCP)
+		ln := listen(t, scfg)
+		c, s := pipe(t, ln, ccfg)
+		defer c.Close()
+		defer s.Close()
+		if noDefault != nil {
+			require.ErrorIs(t, c.FallbackReason(), ErrNoProvider)
+			requireEcho(t, c, s)
+			return
+		}
+		require.Equal(t, TransportRDMA, c.Transport(), "%v", c.FallbackReason())
+		requireEcho(t, c, s)
+		msg := make([]byte, 1<<20)
+		for i := range msg {
+			msg[i] = byte(i * 7)
+		}
+		werr := make(chan error, 1)
+		go func() {
+			_, err := c.Write(msg)
+			werr <- err
+		}()
+		got := make([]byte, len(msg))
+		_, err := io.ReadFull(s, got)
+		require.NoError(t, err)
+		require.NoError(t, <-werr)
+		require.Equal(t, msg, got, "the stream")
 	})
 	t.Run("soft pins nothing", func(t *testing.T) {
 		fab := soft.New(soft.Options{})
