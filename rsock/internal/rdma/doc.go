@@ -63,8 +63,9 @@
 // Programs written for TCP count on the kernel buffering a few megabytes per
 // connection: they write a whole request before the peer has accepted, write a large
 // response before reading, write their last bytes and close. The registered ring is the
-// NIC's landing zone and is pinned, so it stays small (128 KiB by default); alone, it
-// would block such a writer after 128 KiB, and deadlock some of them.
+// NIC's landing zone and is pinned, so it stays small (8 KiB by default, growing to
+// 128 KiB under a stream: "Rings that grow"); alone, it would block such a writer once
+// it is full, and deadlock some of them.
 //
 // So a Conn also buffers in ordinary, unpinned memory, on the receiving side: when its
 // application is not reading, the engine copies arrived bytes out of the ring into a
