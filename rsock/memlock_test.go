@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -41,11 +42,6 @@ func TestMemlockFallback(t *testing.T) {
 		return
 	}
 	require.NoError(t, unix.Setrlimit(unix.RLIMIT_MEMLOCK, &unix.Rlimit{Cur: memlockLimit, Max: memlockLimit}))
-	if os.Geteuid() == 0 {
-		// nobody; Setgid first, while still allowed. Go applies both to every thread.
-		require.NoError(t, syscall.Setgid(65534))
-		require.NoError(t, syscall.Setuid(65534))
-	}
 	require.NotZero(t, os.Geteuid(), "still root")
 
 	p, noDefault := defaultProvider()
@@ -175,13 +171,33 @@ func pinOutside(t *testing.T, p verbs.Provider, n int) func() {
 }
 
 // runMemlockChild runs TestMemlockFallback again in a child process, which lowers its
-// own RLIMIT_MEMLOCK and gives up root: neither can be undone in this process.
+// own RLIMIT_MEMLOCK: that cannot be undone in this process. Run as root, it starts the
+// child as the user nobody, from a copy of the test binary that nobody may execute.
+// The child must not give up root itself: Go's syscall.Setuid changes each thread's
+// credentials separately, and the kernel's uverbs refuses a write() (rxe's doorbell, on
+// every post) from a thread whose credentials are not those that opened the device,
+// with EACCES.
 func runMemlockChild(t *testing.T) {
 	args := []string{"-test.run=^TestMemlockFallback$", "-test.v", "-test.count=1"}
 	if d, ok := t.Deadline(); ok {
 		args = append(args, "-test.timeout="+time.Until(d).Round(time.Second).String())
 	}
-	cmd := exec.Command(os.Args[0], args...)
+	bin := os.Args[0]
+	var cred *syscall.Credential
+	if os.Geteuid() == 0 {
+		dir := t.TempDir()
+		for _, d := range []string{filepath.Dir(dir), dir} {
+			require.NoError(t, os.Chmod(d, 0o755))
+		}
+		bin = filepath.Join(dir, "memlock.test")
+		b, err := os.ReadFile(os.Args[0])
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(bin, b, 0o755))
+		cred = &syscall.Credential{Uid: 65534, Gid: 65534, Groups: []uint32{}}
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	cmd.Dir = os.TempDir()
 	cmd.Env = append(os.Environ(), memlockChildEnv+"=1")
 	out, err := cmd.CombinedOutput()
 	t.Logf("child:\n%s", out)
