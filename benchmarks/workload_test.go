@@ -68,7 +68,7 @@ func TestIdleFootprint(t *testing.T) {
 			if tr.Name == workload.RsockRDMA {
 				require.Equal(t, 2*n, r.SoftQPs, "QPs of %d connections", n)
 				require.Positive(t, r.RegisteredPerEnd)
-				require.LessOrEqual(t, r.RegisteredPerEnd, float64(256<<10), "registered bytes per idle connection end")
+				require.LessOrEqual(t, r.RegisteredPerEnd, float64(32<<10), "registered bytes per idle connection end")
 			}
 		})
 	}

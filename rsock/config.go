@@ -1,6 +1,7 @@
 package rsock
 
 import (
+	"cmp"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -137,17 +138,17 @@ type Config struct {
 	// engine's default.
 
 	// RingSize is the size in bytes of each connection's receive ring, into which the
-	// peer writes: a power of two from 4 KiB to 1 GiB. With GrowRingTo, the size the
-	// ring starts at.
+	// peer writes: a power of two from 4 KiB to 1 GiB, the size the ring starts at
+	// when it grows (GrowRingTo), else its size. Default 8 KiB.
 	RingSize int
-	// GrowRingTo, if set, lets each connection's ring start at RingSize and grow, by
-	// factors of four, up to GrowRingTo (a power of two of at most 512 KiB) while a
-	// stream keeps it busy, and shrink back when the connection idles; the send
-	// staging buffer likewise starts at half the first ring and grows up to
-	// SendBufferSize. An idle connection then holds little: with RingSize 8 KiB and
-	// GrowRingTo 128 KiB, about 58 KiB per end in all, 12 KiB of it registered. Both
-	// sides must set it (to any size): the side that grows its ring announces the new
-	// one in a mailbox only such a side has.
+	// GrowRingTo lets each connection's ring start at RingSize and grow, by factors of
+	// four, up to GrowRingTo (a power of two of at most 512 KiB) while a stream keeps
+	// it busy, and shrink back when the connection idles; the send staging buffer
+	// likewise starts at half the first ring and grows up to SendBufferSize. Default
+	// 128 KiB, so an idle connection holds little (about 58 KiB per end in all, 12 KiB
+	// of it registered) and a busy stream has the ring it needs. Negative, or equal to
+	// RingSize, keeps a fixed ring of RingSize and a staging buffer of SendBufferSize
+	// (a RingSize of 128 KiB or more without GrowRingTo is fixed too).
 	GrowRingTo int
 	// SendBufferSize is the size in bytes of each connection's registered send staging
 	// buffer.
@@ -272,8 +273,8 @@ func (c *Config) resolve() (*Config, error) {
 		return nil, fmt.Errorf("negative MaxConcurrentHandshakes %d", r.MaxConcurrentHandshakes)
 	case r.RingSize != 0 && (r.RingSize < 1<<minRingLog2 || r.RingSize > 1<<maxRingLog2 || bits.OnesCount(uint(r.RingSize)) != 1):
 		return nil, fmt.Errorf("RingSize %d is not a power of two from 4 KiB to 1 GiB", r.RingSize)
-	case r.GrowRingTo != 0 && (r.GrowRingTo > 512<<10 || bits.OnesCount(uint(r.GrowRingTo)) != 1 ||
-		r.GrowRingTo < max(r.RingSize, rdma.MinRingSize) || (r.RingSize == 0 && r.GrowRingTo < rdma.DefaultRingSize)):
+	case r.GrowRingTo > 0 && (r.GrowRingTo > 512<<10 || bits.OnesCount(uint(r.GrowRingTo)) != 1 ||
+		r.GrowRingTo < cmp.Or(r.RingSize, rdma.DefaultRingSize)):
 		return nil, fmt.Errorf("GrowRingTo %d is not a power of two from RingSize to 512 KiB", r.GrowRingTo)
 	case r.SendBufferSize < 0:
 		return nil, fmt.Errorf("negative SendBufferSize %d", r.SendBufferSize)

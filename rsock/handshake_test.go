@@ -504,7 +504,7 @@ func TestConfigErrors(t *testing.T) {
 		{"negative memory budget", "tcp", &Config{MaxRegisteredMemory: -1}, "negative MaxRegisteredMemory -1"},
 		{"ring growth past 512 KiB", "tcp", &Config{RingSize: 8 << 10, GrowRingTo: 1 << 20}, "GrowRingTo 1048576"},
 		{"ring growth below the ring", "tcp", &Config{RingSize: 64 << 10, GrowRingTo: 32 << 10}, "GrowRingTo 32768"},
-		{"ring growth below the default ring", "tcp", &Config{GrowRingTo: 64 << 10}, "GrowRingTo 65536"},
+		{"ring growth below the default ring", "tcp", &Config{GrowRingTo: 4 << 10}, "GrowRingTo 4096"},
 		{"ring growth not a power of two", "tcp", &Config{RingSize: 8 << 10, GrowRingTo: 100 << 10}, "GrowRingTo 102400"},
 		{"traffic class", "tcp", &Config{TrafficClass: 256}, "TrafficClass 256 is not in 0..255"},
 		{"negative traffic class", "tcp", &Config{TrafficClass: -1}, "TrafficClass -1 is not in 0..255"},

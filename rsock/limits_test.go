@@ -1,6 +1,7 @@
 package rsock
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"testing"
@@ -172,8 +173,11 @@ func TestListenerBudget(t *testing.T) {
 // gives its resources back. A refusal in the middle of a setup (the send buffer, after
 // the ring was granted) gives back what was granted.
 func TestRDMAResourceLimits(t *testing.T) {
+	// A fixed ring (and its 64-byte mailbox) and send buffer: what a server endpoint
+	// registers up front, and all it registers.
 	const ring, sendBuf = 64 << 10, 16 << 10
-	const perConn = ring + sendBuf // what a server endpoint registers
+	const ringMR = ring + 64
+	const perConn = ringMR + sendBuf
 	tests := []struct {
 		name      string
 		transport Fallback
@@ -187,15 +191,15 @@ func TestRDMAResourceLimits(t *testing.T) {
 		{"connections per listener", FallbackTCP, func(c *Config) { c.MaxRDMAConnsPerRemote, c.MaxRDMAConnsPerListener = -1, 2 },
 			"limit of 2 RDMA connections for the listener"},
 		{"memory per remote address, refused at the ring", FallbackTCP, func(c *Config) { c.MaxRegisteredMemoryPerRemote = 2*perConn + ring/2 },
-			"bytes of registered memory for remote address 127.0.0.1 reached: 163840 held, 65536 more asked"},
-		{"memory per listener, refused at the send buffer", FallbackTCP, func(c *Config) { c.MaxRegisteredMemoryPerListener = 2*perConn + ring },
-			"bytes of registered memory for the listener reached: 229376 held, 16384 more asked"},
+			fmt.Sprintf("bytes of registered memory for remote address 127.0.0.1 reached: %d held, %d more asked", 2*perConn, ringMR)},
+		{"memory per listener, refused at the send buffer", FallbackTCP, func(c *Config) { c.MaxRegisteredMemoryPerListener = 2*perConn + ringMR },
+			fmt.Sprintf("bytes of registered memory for the listener reached: %d held, %d more asked", 2*perConn+ringMR, sendBuf)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			fab := soft.New(soft.Options{})
 			scfg, ccfg := rdmaConfigs(t, tt.transport, fab)
-			scfg.RingSize, scfg.SendBufferSize = ring, sendBuf
+			scfg.RingSize, scfg.GrowRingTo, scfg.SendBufferSize = ring, -1, sendBuf
 			tt.set(scfg)
 			ln := listen(t, scfg)
 			var conns []*Conn

@@ -106,16 +106,19 @@ func TestRDMAFallbackReasons(t *testing.T) {
 			clientWhy: ErrResourcesExhausted, serverWhy: ErrPeerOfferedNone,
 		},
 		{
-			name:      "client's registered-memory budget",
-			setup:     func(fab *soft.Fabric, scfg, ccfg *Config) { ccfg.MaxRegisteredMemory = 64 << 10 },
+			name: "client's registered-memory budget",
+			// Below the default ring (8 KiB) and its 64-byte mailbox.
+			setup:     func(fab *soft.Fabric, scfg, ccfg *Config) { ccfg.MaxRegisteredMemory = 8 << 10 },
 			clientWhy: ErrMemoryBudget, serverWhy: ErrPeerOfferedNone,
-			clientText: "over the budget of 65536 (MaxRegisteredMemory)",
+			clientText: "register 8256-byte receive ring: rdma: registered-memory budget exceeded: 8256 bytes more on soft0 would make 8256, over the budget of 8192 (MaxRegisteredMemory)",
 		},
 		{
-			name:      "server's registered-memory budget",
-			setup:     func(fab *soft.Fabric, scfg, ccfg *Config) { scfg.MaxRegisteredMemory = 64 << 10 },
+			name: "server's registered-memory budget",
+			// The client's endpoint (8 KiB ring, its mailbox, 4 KiB staging) is on the same
+			// device, so the server's ring would make 2*8256+4096 bytes on it.
+			setup:     func(fab *soft.Fabric, scfg, ccfg *Config) { scfg.MaxRegisteredMemory = 16 << 10 },
 			clientWhy: ErrResourcesExhausted, serverWhy: ErrMemoryBudget, clientPeer: true,
-			serverText: "register 131072-byte receive ring: rdma: registered-memory budget exceeded: 131072 bytes more on soft0 would make 327680, over the budget of 65536 (MaxRegisteredMemory)",
+			serverText: "register 8256-byte receive ring: rdma: registered-memory budget exceeded: 8256 bytes more on soft0 would make 20608, over the budget of 16384 (MaxRegisteredMemory)",
 		},
 		{
 			name:      "client disabled RDMA",
@@ -204,37 +207,48 @@ func requireEcho(t *testing.T, c, s *Conn) {
 	}
 }
 
-// TestRDMARingGrowth connects with rings that start at 8 KiB and may grow to 128 KiB, as
-// an application that wants small idle connections configures them: a large request and
-// response go through both ways, every byte checked.
+// TestRDMARingGrowth connects at the defaults (rings that start at 8 KiB and grow to
+// 128 KiB), with a fixed ring on one side (GrowRingTo negative), and on both: a large
+// request and response go through both ways, every byte checked.
 func TestRDMARingGrowth(t *testing.T) {
-	fab := soft.New(soft.Options{})
-	scfg, ccfg := rdmaConfigs(t, FallbackTCP, fab)
-	for _, cfg := range []*Config{scfg, ccfg} {
-		cfg.RingSize, cfg.GrowRingTo = 8<<10, 128<<10
+	tests := []struct {
+		name                   string
+		serverGrow, clientGrow int
+	}{
+		{"defaults", 0, 0},
+		{"fixed server ring", -1, 0},
+		{"fixed client ring", 0, -1},
+		{"fixed rings", -1, -1},
 	}
-	ln := listen(t, scfg)
-	c, s := pipe(t, ln, ccfg)
-	require.Equal(t, TransportRDMA, c.Transport(), "%v", c.FallbackReason())
-	request, response := make([]byte, 3<<20), make([]byte, 2<<20)
-	rand.NewChaCha8([32]byte{'g'}).Read(request)
-	rand.NewChaCha8([32]byte{'r'}).Read(response)
-	go func() {
-		c.Write(request)
-	}()
-	got := make([]byte, len(request))
-	_, err := io.ReadFull(s, got)
-	require.NoError(t, err)
-	require.True(t, bytes.Equal(request, got), "request differs")
-	go func() {
-		s.Write(response)
-	}()
-	got = make([]byte, len(response))
-	_, err = io.ReadFull(c, got)
-	require.NoError(t, err)
-	require.True(t, bytes.Equal(response, got), "response differs")
-	c.Close()
-	s.Close()
-	ln.Close()
-	requireReleased(t, fab)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fab := soft.New(soft.Options{})
+			scfg, ccfg := rdmaConfigs(t, FallbackTCP, fab)
+			scfg.GrowRingTo, ccfg.GrowRingTo = tt.serverGrow, tt.clientGrow
+			ln := listen(t, scfg)
+			c, s := pipe(t, ln, ccfg)
+			require.Equal(t, TransportRDMA, c.Transport(), "%v", c.FallbackReason())
+			request, response := make([]byte, 3<<20), make([]byte, 2<<20)
+			rand.NewChaCha8([32]byte{'g'}).Read(request)
+			rand.NewChaCha8([32]byte{'r'}).Read(response)
+			go func() {
+				c.Write(request)
+			}()
+			got := make([]byte, len(request))
+			_, err := io.ReadFull(s, got)
+			require.NoError(t, err)
+			require.True(t, bytes.Equal(request, got), "request differs")
+			go func() {
+				s.Write(response)
+			}()
+			got = make([]byte, len(response))
+			_, err = io.ReadFull(c, got)
+			require.NoError(t, err)
+			require.True(t, bytes.Equal(response, got), "response differs")
+			c.Close()
+			s.Close()
+			ln.Close()
+			requireReleased(t, fab)
+		})
+	}
 }

@@ -4,7 +4,8 @@
 # itself again as the user nobody (no CAP_IPC_LOCK) with RLIMIT_MEMLOCK at 128 KiB, the
 # `ulimit -l 128` of a small container: connections fall back to TCP with a reason that
 # names RLIMIT_MEMLOCK and the figures, both when rsock's own check stops them and when
-# the kernel's ENOMEM does (memory pinned outside rsock), and the bytes still flow.
+# the kernel's ENOMEM does (memory pinned outside rsock), and the bytes still flow; at
+# the defaults (rings that start at 8 KiB and grow) both ends fit under it and stream.
 #
 # mem_ring_growth: the engine's TestRingGrows over rdma-core on rxe: rings that start at
 # 4 KiB grow to 64 KiB under a stream (flowctl's resize and switch, the new ring's

@@ -94,5 +94,9 @@ func TestIdleMode(t *testing.T) {
 	code := run([]string{"-mode", "idle", "-transports", "RsockRDMA,RawTCP", "-conns", "20", "-q"}, &stdout, &stderr)
 	require.Equal(t, 0, code, "stderr: %s", stderr.String())
 	require.Contains(t, stdout.String(), "idle:")
-	require.Contains(t, stdout.String(), "192.0 KiB", "registered memory per RsockRDMA end")
+	// At the defaults an end registers an 8 KiB ring, its 64-byte mailbox and 4 KiB of
+	// staging.
+	require.Contains(t, stdout.String(), "12.1 KiB", "registered memory per RsockRDMA end")
+	require.Regexp(t, `≤ 32 KiB registered per idle RsockRDMA connection end .* met\n`, stdout.String())
+	require.Regexp(t, `≤ 64 KiB per idle RsockRDMA connection end, all included .* met\n`, stdout.String())
 }

@@ -240,3 +240,35 @@ func TestCommitOf(t *testing.T) {
 		})
 	}
 }
+
+// TestIdleTargets: an idle RsockRDMA end meets the targets at 64 KiB all included and
+// 32 KiB registered, and misses each alone past it; other transports and footprints
+// without a registered count measure nothing.
+func TestIdleTargets(t *testing.T) {
+	rdma := func(heap, stack, reg float64) workload.IdleResult {
+		return workload.IdleResult{Transport: workload.RsockRDMA, Conns: 5000, Ends: 2, HeapPerEnd: heap, StackPerEnd: stack, RegisteredPerEnd: reg}
+	}
+	tests := []struct {
+		name         string
+		idle         []workload.IdleResult
+		run          bool
+		allOK, regOK bool
+	}{
+		{"at the limits", []workload.IdleResult{rdma(60<<10, 4<<10, 32<<10)}, true, true, true},
+		{"stacks tip it over", []workload.IdleResult{rdma(60<<10, 4<<10+1, 12<<10)}, true, false, true},
+		{"registered over", []workload.IdleResult{rdma(40<<10, 2<<10, 32<<10+1)}, true, true, false},
+		{"TCP only", []workload.IdleResult{{Transport: workload.RawTCP, HeapPerEnd: 4 << 10, RegisteredPerEnd: -1}}, false, false, false},
+		{"registered not counted", []workload.IdleResult{rdma(40<<10, 2<<10, -1)}, false, false, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ts := IdleTargets(tt.idle)
+			require.Len(t, ts, 2)
+			all, reg := ts[0], ts[1]
+			require.Equal(t, tt.run, all.Run, "all included measured")
+			require.Equal(t, tt.run, reg.Run, "registered measured")
+			require.Equal(t, tt.allOK, all.Pass, "all included: %s", all.Measured)
+			require.Equal(t, tt.regOK, reg.Pass, "registered: %s", reg.Measured)
+		})
+	}
+}

@@ -2,6 +2,7 @@ package rdma
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -74,8 +75,14 @@ func registeredOn(ep *Endpoint) int64 {
 // pins (and not when the limit does not bind). The failure names the limit and the
 // figures; Abort gives the memory back, so the next Prepare fits again.
 func TestRegisteredMemoryLimits(t *testing.T) {
-	const perConn = 16<<10 + 8<<10 // ring + send buffer
-	opts := Options{RingSize: 16 << 10, SendBufferSize: 8 << 10}
+	// Fixed rings: ring and mailbox, send buffer, registered at Prepare.
+	const ringMR = 16<<10 + mailboxSize
+	const perConn = ringMR + 8<<10
+	// What a pinning provider pins of them: whole pages.
+	page := os.Getpagesize()
+	pinnedRing := (ringMR + page - 1) / page * page
+	pinnedPerConn := pinnedRing + (8<<10+page-1)/page*page
+	opts := Options{RingSize: 16 << 10, GrowRingTo: -1, SendBufferSize: 8 << 10}
 	tests := []struct {
 		name     string
 		pins     bool
@@ -86,13 +93,15 @@ func TestRegisteredMemoryLimits(t *testing.T) {
 		wantErr  error  // the next one's
 		wantText string // in its message
 	}{
-		{"budget", false, 3 * perConn, 0, false, 3, ErrMemoryBudget, "over the budget of 73728 (MaxRegisteredMemory)"},
-		{"budget not a multiple", false, 3*perConn + 100, 0, false, 3, ErrMemoryBudget, "would make 90112, over the budget of 73828"},
-		{"memlock", true, 0, 2 * perConn, true, 2, ErrMemlock, "over RLIMIT_MEMLOCK of 49152; raise it (ulimit -l"},
-		{"memlock and a larger budget", true, 10 * perConn, 2 * perConn, true, 2, ErrMemlock, "would pin 65536, over RLIMIT_MEMLOCK"},
-		{"budget below memlock", true, perConn, 10 * perConn, true, 1, ErrMemoryBudget, "over the budget of 24576"},
-		{"memlock with CAP_IPC_LOCK", true, 4 * perConn, perConn, false, 4, ErrMemoryBudget, "over the budget"},
-		{"memlock ignored without pinning", false, 2 * perConn, perConn, true, 2, ErrMemoryBudget, "over the budget"},
+		{"budget", false, 3 * perConn, 0, false, 3, ErrMemoryBudget, "over the budget of 73920 (MaxRegisteredMemory)"},
+		{"budget not a multiple", false, 3*perConn + 100, 0, false, 3, ErrMemoryBudget, "would make 90368, over the budget of 74020"},
+		{"memlock", true, 0, uint64(2 * pinnedPerConn), true, 2, ErrMemlock,
+			fmt.Sprintf("over RLIMIT_MEMLOCK of %d; raise it (ulimit -l", 2*pinnedPerConn)},
+		{"memlock and a larger budget", true, 10 * perConn, uint64(2 * pinnedPerConn), true, 2, ErrMemlock,
+			fmt.Sprintf("would pin %d, over RLIMIT_MEMLOCK", 2*pinnedPerConn+pinnedRing)},
+		{"budget below memlock", true, perConn, 10 * perConn, true, 1, ErrMemoryBudget, "over the budget of 24640"},
+		{"memlock with CAP_IPC_LOCK", true, 4 * perConn, uint64(pinnedPerConn), false, 4, ErrMemoryBudget, "over the budget"},
+		{"memlock ignored without pinning", false, 2 * perConn, uint64(pinnedPerConn), true, 2, ErrMemoryBudget, "over the budget"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -152,7 +161,8 @@ func TestMemlockENOMEM(t *testing.T) {
 			_, err := Prepare(&pinningProvider{Fabric: f, enomem: true}, loopback, Options{})
 			require.ErrorIs(t, err, ErrMemlock)
 			require.ErrorIs(t, err, syscall.ENOMEM)
-			require.Contains(t, err.Error(), "register 131072-byte receive ring")
+			// The first registration, the default ring and its mailbox, fails.
+			require.Contains(t, err.Error(), fmt.Sprintf("register %d-byte receive ring", DefaultRingSize+mailboxSize))
 			want := "RLIMIT_MEMLOCK unlimited"
 			if binds {
 				want = "RLIMIT_MEMLOCK 67108864"

@@ -10,7 +10,7 @@ import (
 )
 
 func TestCheckCaps(t *testing.T) {
-	def := Options{}.withDefaults() // 64 send and 64 receive WQEs, 128 KiB ring, 64 KiB send buffer
+	def := Options{}.withDefaults() // 64 send and 64 receive WQEs, 8 KiB ring (growing), 64 KiB send buffer
 	dev := func(qpwr, cqe int, mr uint64) verbs.DeviceAttr {
 		return verbs.DeviceAttr{Name: "mlx5_0", MaxQPWR: qpwr, MaxCQE: cqe, MaxMRSize: mr}
 	}
@@ -29,7 +29,7 @@ func TestCheckCaps(t *testing.T) {
 			"rdma: beyond the device's limits of mlx5_0: receive queue depth 129 > max_qp_wr 100"},
 		{"CQ entries", dev(0, 100, 0), def,
 			"rdma: beyond the device's limits of mlx5_0: 129 completions per connection > max_cqe 100"},
-		{"registration size", dev(0, 0, 64<<10), def,
+		{"registration size", dev(0, 0, 64<<10), Options{RingSize: 128 << 10}.withDefaults(),
 			"rdma: beyond the device's limits of mlx5_0: receive ring of 131072 bytes > max_mr_size 65536"},
 		{"send buffer", dev(0, 0, 64<<10), Options{RingSize: 64 << 10, SendBufferSize: 128 << 10}.withDefaults(),
 			"rdma: beyond the device's limits of mlx5_0: send buffer of 131072 bytes > max_mr_size 65536"},

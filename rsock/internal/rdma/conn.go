@@ -167,7 +167,7 @@ func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) 
 		kaPeriod:     keepalive,
 		proof:        proofState{done: make(chan struct{})},
 	}
-	if ep.opts.GrowRingTo > ep.opts.RingSize {
+	if ep.opts.grows() {
 		c.growTo = ep.opts.GrowRingTo
 	}
 	c.rdl.init()

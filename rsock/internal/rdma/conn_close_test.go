@@ -49,12 +49,14 @@ func TestCloseBeforePeerReads(t *testing.T) {
 // TestCloseLingerBound: when the peer's device does not acknowledge (here every request
 // is held back for an hour), Close gives up after the linger time, reporting
 // ErrLingerTimeout, or at once with a negative one, and the peer reads the bytes that
-// did arrive and then an error, never io.EOF.
+// did arrive and then an error, never io.EOF. The ring is a fixed 32 KiB: the 10 KiB
+// written while requests are held back fit in it, so Write returns (no credit comes
+// back from a peer that never hears of them) and only Close waits.
 func TestCloseLingerBound(t *testing.T) {
 	for _, linger := range []time.Duration{20 * time.Millisecond, -1} {
 		t.Run(linger.String(), func(t *testing.T) {
 			f := soft.New(soft.Options{})
-			a, b := connPair(t, f, Options{Linger: linger})
+			a, b := connPair(t, f, Options{Linger: linger, RingSize: 32 << 10, GrowRingTo: -1})
 			first := streamBytes(8, 10<<10)
 			_, err := a.Write(first)
 			require.NoError(t, err)

@@ -195,9 +195,11 @@ func TestSpillWhenReadEnds(t *testing.T) {
 // reader keeping up and with bytes spilled while it is not reading.
 func TestReadWriteAllocateNothing(t *testing.T) {
 	f := soft.New(soft.Options{})
-	a, b := connPair(t, f, Options{})
-	for _, size := range []int{64, 4 << 10, 64 << 10, DefaultRingSize} {
-		// DefaultRingSize bytes written before any is read spill.
+	// A fixed ring: growing one registers memory, which allocates, until it is grown.
+	const ring = 128 << 10
+	a, b := connPair(t, f, Options{RingSize: ring, GrowRingTo: -1})
+	for _, size := range []int{64, 4 << 10, 64 << 10, ring} {
+		// A ring's worth of bytes written before any is read spill.
 		wbuf, rbuf := make([]byte, size), make([]byte, size)
 		before := spilledBytes(b)
 		allocs := testing.AllocsPerRun(100, func() {
@@ -211,7 +213,7 @@ func TestReadWriteAllocateNothing(t *testing.T) {
 		if allocs != 0 {
 			t.Errorf("Write(%d bytes) then Read: %.1f allocations, want 0", size, allocs)
 		}
-		if size == DefaultRingSize {
+		if size == ring {
 			require.Greater(t, spilledBytes(b), before, "writes of a whole ring did not spill")
 		}
 	}

@@ -210,6 +210,9 @@ func TestGrowRingToValidated(t *testing.T) {
 		ok         bool
 	}{
 		{4 << 10, 0, true},
+		{4 << 10, -1, true},
+		{256 << 10, 0, true},
+		{256 << 10, -1, true},
 		{4 << 10, 4 << 10, true},
 		{4 << 10, 512 << 10, true},
 		{4 << 10, 1 << 20, false},
@@ -230,4 +233,67 @@ func TestRingDescRoundTrip(t *testing.T) {
 	require.Equal(t, uint64(0x1122334455667788), addr)
 	require.Equal(t, uint32(0xdeadbeef), rkey)
 	require.Equal(t, uint32(64<<10), size)
+}
+
+// TestGrowthDefaults: rings grow by default, from 8 KiB to 128 KiB with 4 KiB of
+// staging to start; a negative GrowRingTo, one equal to RingSize, or a RingSize of the
+// default largest ring or more keeps a fixed ring and full staging.
+func TestGrowthDefaults(t *testing.T) {
+	tests := []struct {
+		name            string
+		opts            Options
+		ring, growTo    int
+		grows           bool
+		firstSendBuffer int
+	}{
+		{"defaults", Options{}, 8 << 10, 128 << 10, true, 4 << 10},
+		{"fixed by a negative GrowRingTo", Options{GrowRingTo: -5}, 8 << 10, -1, false, 64 << 10},
+		{"fixed by GrowRingTo equal to RingSize", Options{RingSize: 16 << 10, GrowRingTo: 16 << 10}, 16 << 10, 16 << 10, false, 64 << 10},
+		{"fixed by a large RingSize", Options{RingSize: 128 << 10}, 128 << 10, -1, false, 64 << 10},
+		{"larger first ring grows to the default", Options{RingSize: 32 << 10}, 32 << 10, 128 << 10, true, 16 << 10},
+		{"grows further", Options{GrowRingTo: 512 << 10}, 8 << 10, 512 << 10, true, 4 << 10},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o := tt.opts.withDefaults()
+			require.NoError(t, o.validate())
+			require.Equal(t, tt.ring, o.RingSize, "RingSize")
+			require.Equal(t, tt.growTo, o.GrowRingTo, "GrowRingTo")
+			require.Equal(t, tt.grows, o.grows(), "grows")
+			require.Equal(t, tt.firstSendBuffer, o.firstSendBuffer(), "first send buffer")
+			require.Equal(t, o, o.withDefaults(), "defaults applied twice")
+		})
+	}
+}
+
+// TestFixedRingMeetsGrowingRing: an end with a fixed ring (GrowRingTo negative) and one
+// at the defaults (growing) stream both ways at once: the growing end's ring grows,
+// announced through the fixed end's mailbox, which every ring has; the fixed one stays
+// as it is, and every byte arrives in order.
+func TestFixedRingMeetsGrowingRing(t *testing.T) {
+	const size = 2 << 20
+	f := soft.New(soft.Options{})
+	ca, cb := tcpPair(t)
+	ea, err := Prepare(f, loopback, Options{RingSize: 16 << 10, GrowRingTo: -1})
+	require.NoError(t, err)
+	eb, err := Prepare(f, loopback, Options{})
+	require.NoError(t, err)
+	fixed, err := ea.Connect(eb.Offer(), ca, 0)
+	require.NoError(t, err)
+	growing, err := eb.Connect(ea.Offer(), cb, 0)
+	require.NoError(t, err)
+	fixed.Start()
+	growing.Start()
+
+	var wg sync.WaitGroup
+	wg.Go(func() { sendAll(t, fixed, growing, payload(size, 4), 20<<10, 4) })
+	sendAll(t, growing, fixed, payload(size, 5), 20<<10, 5)
+	wg.Wait()
+	require.Equal(t, ringState{size: 16 << 10}, ringOf(fixed), "the fixed ring")
+	g := ringOf(growing)
+	require.Equal(t, DefaultGrowRingTo, g.size, "the growing ring")
+	require.False(t, g.old, "old ring freed")
+	require.NoError(t, fixed.Close())
+	require.NoError(t, growing.Close())
+	requireReleased(t, f)
 }

@@ -78,8 +78,9 @@
 // Programs written for TCP count on the kernel buffering a few megabytes per
 // connection: they write a whole request before the peer has accepted, write a large
 // response before reading, write their last bytes and close. The registered ring is the
-// NIC's landing zone and is pinned, so it stays small (128 KiB by default); alone, it
-// would block such a writer after 128 KiB, and deadlock some of them.
+// NIC's landing zone and is pinned, so it stays small (8 KiB by default, growing to
+// 128 KiB under a stream: "Rings that grow"); alone, it would block such a writer once
+// it is full, and deadlock some of them.
 //
 // So a Conn also buffers in ordinary, unpinned memory, on the receiving side: when its
 // application is not reading, the engine copies arrived bytes out of the ring into a
@@ -115,9 +116,10 @@
 // # Rings that grow
 //
 // A ring sized for a busy stream is wasted on an idle connection, and most connections
-// of a fleet are idle: at the defaults (128 KiB ring, 64 KiB staging) an idle end holds
-// about 235 KiB, 192 KiB of it registered, which is pinned on a real device. With
-// Options.GrowRingTo, a connection starts small and grows with use instead:
+// of a fleet are idle: with a fixed 128 KiB ring and 64 KiB of staging an idle end holds
+// about 235 KiB, 192 KiB of it registered, which is pinned on a real device. So by
+// default a connection starts small and grows with use instead (Options.GrowRingTo,
+// DefaultGrowRingTo; a negative one keeps a fixed ring of RingSize):
 //
 //   - The ring starts at RingSize and grows four-fold (to GrowRingTo at most) after a
 //     data arrival that finds three quarters of it held by the peer (buffered, or
@@ -136,12 +138,12 @@
 //     SendBufferSize, when it rather than credit limits a write; the old one stays
 //     until the sends from it complete. It does not shrink.
 //
-// With RingSize 8 KiB and GrowRingTo 128 KiB, an idle end holds about 58 KiB in all
-// (TestIdleFootprint: 5,000 connections, heap with soft's registered memory, its share
-// of the CQs, goroutine stacks), 12 KiB of it registered, and a stream grows to the same
-// 128 KiB ring and 64 KiB staging as the defaults (BenchmarkStream "growing"). Growth is
-// off by default because both ends need the mailbox: an engine without GrowRingTo does
-// not register one.
+// At the defaults (RingSize 8 KiB, GrowRingTo 128 KiB) an idle end holds about 58 KiB
+// in all (TestIdleFootprint: 5,000 connections, heap with soft's registered memory, its
+// share of the CQs, goroutine stacks), 12 KiB of it registered, and a stream grows to a
+// 128 KiB ring and 64 KiB of staging (BenchmarkStream). Every ring, fixed or not, is
+// followed by its mailbox, since any peer may grow: the hello's version rules out peers
+// from before rings grew, so no capability bit is needed.
 //
 // # Registered memory limits
 //

@@ -10,9 +10,9 @@ import (
 	"github.com/rsockio/rsock/verbs/soft"
 )
 
-// growingOptions are rings that start small and grow: what an idle connection end
-// costs with them is the figure of issue 14.
-var growingOptions = Options{RingSize: 8 << 10, GrowRingTo: 128 << 10}
+// fixedOptions are the defaults from before rings grew: a fixed 128 KiB ring and 64 KiB
+// of staging.
+var fixedOptions = Options{RingSize: 128 << 10, GrowRingTo: -1, SendBufferSize: 64 << 10}
 
 // footprint is the process's live memory: the heap after a collection (on soft it
 // includes the registered memory, which soft allocates from the heap) and the
@@ -31,7 +31,7 @@ func measure() footprint {
 }
 
 // TestIdleFootprint opens 5,000 idle connections (both ends in this process, on soft)
-// with rings that grow, and measures what each end holds, all included: heap with the
+// at the defaults (rings that grow), and measures what each end holds, all included: heap with the
 // registered memory, its share of the CQs, and goroutine stacks. An idle end costs at
 // most 64 KiB, at most 32 KiB of it registered (pinned, on a real device). After Close,
 // the process is back where it was with the CQs open (the device keeps them while it is
@@ -48,12 +48,12 @@ func TestIdleFootprint(t *testing.T) {
 	// A first connection keeps the device open. The device keeps the CQs (and their
 	// pollers) it grew for the connections, each shared by up to CQSize/(SendWQEs+
 	// RecvWQEs) connection ends, until it closes: a first round opens them.
-	a0, b0 := connPair(t, f, growingOptions)
+	a0, b0 := connPair(t, f, Options{})
 	before := measure()
 	openAll := func() []*Conn {
 		conns := make([]*Conn, 0, 2*n)
 		for range n {
-			a, b := connPair(t, f, growingOptions)
+			a, b := connPair(t, f, Options{})
 			conns = append(conns, a, b)
 		}
 		return conns

@@ -16,17 +16,17 @@ import (
 // Options size a connection's resources. Zero fields take the defaults below.
 type Options struct {
 	// RingSize is the receive ring's size in bytes, a power of two between MinRingSize
-	// and MaxRingSize. Default 128 KiB. With GrowRingTo above it, it is the size the
-	// ring starts at.
+	// and MaxRingSize: the size the ring starts at when it grows (GrowRingTo), else its
+	// size. Default 8 KiB.
 	RingSize int
 	// GrowRingTo, if above RingSize, lets the ring grow while a stream keeps it full,
-	// and the staging buffer start at half the first ring and grow up to SendBufferSize
-	// as writes need it,
 	// by factors of four up to GrowRingTo, and shrink back to RingSize when the
-	// connection idles (see "Rings that grow" in the package docs). A power of two of
-	// at most 512 KiB. Zero: the ring keeps RingSize. Both ends must set it (to any
-	// size): a side that grows writes its new ring's description into a mailbox that
-	// only a side that sets it registers, behind its ring.
+	// connection idles; the staging buffer then starts at half the first ring and grows
+	// up to SendBufferSize as writes need it (see "Rings that grow" in the package
+	// docs). A power of two of at most 512 KiB. Zero means DefaultGrowRingTo (or a
+	// fixed ring if RingSize is at least that); negative, or equal to RingSize, means a
+	// fixed ring and a staging buffer of SendBufferSize from the start. Either way the
+	// ring is followed by the mailbox a growing peer announces its rings in.
 	GrowRingTo int
 	// SendBufferSize is the registered staging buffer Write copies into. Default 64 KiB.
 	SendBufferSize int
@@ -86,10 +86,12 @@ type Budget interface {
 	Refund(qps, bytes int)
 }
 
-// Defaults. An idle connection holds RingSize+SendBufferSize = 192 KiB of registered
-// memory with them.
+// Defaults. With them an idle connection holds a ring of 8 KiB (and its mailbox) and a
+// staging buffer of 4 KiB registered, about 58 KiB per end in all; a busy stream grows
+// them to a 128 KiB ring and 64 KiB of staging.
 const (
-	DefaultRingSize       = 128 << 10
+	DefaultRingSize       = 8 << 10
+	DefaultGrowRingTo     = 128 << 10
 	DefaultSendBufferSize = 64 << 10
 	DefaultRecvWQEs       = 64
 	DefaultSendWQEs       = 64
@@ -108,6 +110,15 @@ func (o Options) withDefaults() Options {
 		}
 	}
 	def(&o.RingSize, DefaultRingSize)
+	if o.GrowRingTo == 0 {
+		o.GrowRingTo = DefaultGrowRingTo
+		if o.RingSize >= DefaultGrowRingTo {
+			o.GrowRingTo = -1
+		}
+	}
+	if o.GrowRingTo < 0 {
+		o.GrowRingTo = -1 // a fixed ring; kept non-zero so the defaults stay put
+	}
 	def(&o.SendBufferSize, DefaultSendBufferSize)
 	def(&o.RecvWQEs, DefaultRecvWQEs)
 	def(&o.SendWQEs, DefaultSendWQEs)
@@ -126,20 +137,16 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// mailbox is how many bytes of mailbox follow the ring: mailboxSize when rings may be
-// resized, else none (on a device that pins, it costs a page).
-func (o Options) mailbox() int {
-	if o.GrowRingTo != 0 {
-		return mailboxSize
-	}
-	return 0
+// grows reports whether the ring (and the staging buffer) start small and grow.
+func (o Options) grows() bool {
+	return o.GrowRingTo > o.RingSize
 }
 
 // firstSendBuffer is the size the staging buffer starts at: SendBufferSize, or, when
 // rings grow, half the first ring (at least 1 KiB), growing up to SendBufferSize as
 // writes need it (conn_resize.go).
 func (o Options) firstSendBuffer() int {
-	if o.GrowRingTo == 0 {
+	if !o.grows() {
 		return o.SendBufferSize
 	}
 	return min(o.SendBufferSize, max(o.RingSize/2, 1<<10))
@@ -157,7 +164,7 @@ func (o Options) validate() error {
 	switch {
 	case o.RingSize < MinRingSize || o.RingSize > MaxRingSize || bits.OnesCount(uint(o.RingSize)) != 1:
 		return fmt.Errorf("ring size %d is not a power of two in [%d, %d]", o.RingSize, MinRingSize, MaxRingSize)
-	case o.GrowRingTo != 0 && (o.GrowRingTo < o.RingSize || o.GrowRingTo > maxGrownRing || bits.OnesCount(uint(o.GrowRingTo)) != 1):
+	case o.GrowRingTo > 0 && (o.GrowRingTo < o.RingSize || o.GrowRingTo > maxGrownRing || bits.OnesCount(uint(o.GrowRingTo)) != 1):
 		return fmt.Errorf("largest ring %d is not a power of two in [%d, %d]", o.GrowRingTo, o.RingSize, maxGrownRing)
 	case o.SendBufferSize < 1024:
 		return fmt.Errorf("send buffer of %d bytes is below 1 KiB", o.SendBufferSize)
@@ -267,7 +274,7 @@ func PrepareContext(ctx context.Context, p verbs.Provider, ip netip.Addr, opts O
 	if ep.pd, err = dev.ctx.AllocPD(); err != nil {
 		return nil, fmt.Errorf("allocate protection domain on %s: %w", dev.attr.Name, err)
 	}
-	if ep.ring, err = ep.registerMR(opts.RingSize+opts.mailbox(), ringAccess, "receive ring"); err != nil {
+	if ep.ring, err = ep.registerMR(opts.RingSize+mailboxSize, ringAccess, "receive ring"); err != nil {
 		return nil, err
 	}
 	if ep.sendBuf, err = ep.registerMR(opts.firstSendBuffer(), verbs.AccessLocalWrite, "send buffer"); err != nil {

@@ -72,7 +72,8 @@ func (b *budget) held() (qps, bytes int) {
 // allocated or charged; a granted endpoint holds its QP and every registered byte until
 // it is released, by Abort or by its Conn's Close.
 func TestBudget(t *testing.T) {
-	const ring, sendBuf = 16 << 10, 8 << 10
+	// A fixed ring, registered with its mailbox, and a send buffer.
+	const ring, sendBuf = 16<<10 + mailboxSize, 8 << 10
 	tests := []struct {
 		name             string
 		maxQPs, maxBytes int
@@ -87,7 +88,7 @@ func TestBudget(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			f := soft.New(soft.Options{})
 			b := &budget{maxQPs: tt.maxQPs, maxBytes: tt.maxBytes}
-			opts := Options{RingSize: ring, SendBufferSize: sendBuf, Budget: b}
+			opts := Options{RingSize: 16 << 10, GrowRingTo: -1, SendBufferSize: sendBuf, Budget: b}
 			ep, err := Prepare(f, loopback, opts)
 			if tt.refusedAt != "" {
 				require.ErrorIs(t, err, errOverBudget)
@@ -110,7 +111,7 @@ func TestBudget(t *testing.T) {
 			ca, cb := tcpPair(t)
 			ea, err := Prepare(f, loopback, opts)
 			require.NoError(t, err)
-			eb, err := Prepare(f, loopback, Options{RingSize: ring, SendBufferSize: sendBuf})
+			eb, err := Prepare(f, loopback, Options{RingSize: 16 << 10, GrowRingTo: -1, SendBufferSize: sendBuf})
 			require.NoError(t, err)
 			x, err := ea.Connect(eb.Offer(), ca, 0)
 			require.NoError(t, err)
