@@ -8,30 +8,13 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/rsockio/rsock/internal/testaddr"
+
 	"github.com/rsockio/rsock/verbs/soft"
 )
 
-// offLoopbackIP returns an IPv4 address of this host that is not a loopback address.
-// Tests off loopback need one; every CI host and the VM harness have one.
-func offLoopbackIP(t *testing.T) netip.Addr {
-	t.Helper()
-	ifs, err := net.Interfaces()
-	require.NoError(t, err)
-	for _, ifc := range ifs {
-		if ifc.Flags&net.FlagUp == 0 || ifc.Flags&net.FlagLoopback != 0 {
-			continue
-		}
-		addrs, err := ifc.Addrs()
-		require.NoError(t, err)
-		for _, a := range addrs {
-			if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Is4() && p.Addr().IsGlobalUnicast() {
-				return p.Addr()
-			}
-		}
-	}
-	require.FailNow(t, "this test needs an IPv4 address on an interface that is up and not loopback")
-	return netip.Addr{}
-}
+// offLoopbackIP is an IPv4 address of this host off loopback.
+var offLoopbackIP = testaddr.OffLoopbackIPv4
 
 // TestQUICUpgradeOffLoopback dials a QUIC Listener bound to the wildcard address at the
 // host's non-loopback address. Both sides look for their RDMA device by that address,
