@@ -9,7 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rsockio/rsock/internal/testaddr"
-
 	"github.com/rsockio/rsock/verbs/soft"
 )
 
