@@ -250,6 +250,10 @@ func (a *acceptState) acceptRDMA(ctx context.Context, offer *hello) (upgrade, er
 	case <-conn.ProofDone():
 		peer, why = serverCheck(conn, offer.rdma.Nonce, accept.Nonce)
 		if why == nil {
+			// The client writes as soon as it has confirmed, and our engine may answer
+			// what arrives (credit, a ring resize) before the confirmation reaches us:
+			// it must know the client's ring from now on.
+			conn.SetPeerRing(peer.ringAddr, peer.ringRKey)
 			ours := proof{role: roleServer, client: offer.rdma.Nonce, server: accept.Nonce, ringRKey: mine.RingRKey, ringAddr: mine.RingAddr}
 			if err := conn.SendProof(ours.appendTo(nil)); err != nil {
 				why = fmt.Errorf("%w: send the proof: %w", ErrPathUnproven, err)
@@ -265,7 +269,6 @@ func (a *acceptState) acceptRDMA(ctx context.Context, offer *hello) (upgrade, er
 		conn.Abandon()
 		return upgrade{}, fmt.Errorf("read confirmation: %w", c.err)
 	case c.b == confirmReady && proven:
-		conn.SetPeerRing(peer.ringAddr, peer.ringRKey)
 		conn.Start()
 		return upgrade{data: conn}, nil
 	case c.b == confirmReady:

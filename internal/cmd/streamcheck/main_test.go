@@ -81,11 +81,15 @@ func TestPortDown(t *testing.T) {
 					client = run(ctx, c, false, tt.idle, cout)
 				}
 			}()
+			ended := make(chan struct{})
+			go func() { wg.Wait(); close(ended) }()
 			for _, out := range []*syncBuffer{sout, cout} {
 				select {
 				case <-out.streaming:
+				case <-ended:
+					t.Fatalf("ended before streaming: server %+v, client %+v", server, client)
 				case <-ctx.Done():
-					t.Fatal("never streaming")
+					t.Fatalf("never streaming; server:\n%s\nclient:\n%s", sout.String(), cout.String())
 				}
 			}
 			require.NoError(t, f.SetPortState("soft1", 1, verbs.PortDown))
