@@ -108,6 +108,7 @@ type Conn struct {
 	graceTimer       *time.Timer
 	started          bool       // Start was called: the control channel is the Conn's
 	proof            proofState // the peer's proof (conn_proof.go)
+	proofSlot        []byte     // where the proof WQE takes it: ProofMaxLen bytes of the mailbox
 }
 
 // queuePair is what a Conn needs of its QP once connected: posting, its number, and
@@ -166,6 +167,7 @@ func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) 
 		ctrlDone:     make(chan struct{}),
 		kaPeriod:     keepalive,
 		proof:        proofState{done: make(chan struct{})},
+		proofSlot:    ep.ring.Bytes()[ep.opts.RingSize+mailboxProof:][:ProofMaxLen],
 	}
 	if ep.opts.grows() {
 		c.growTo = ep.opts.GrowRingTo

@@ -98,6 +98,7 @@ func newFakeConn(t *testing.T, q *fakeQP) *Conn {
 		stageAddr:    fakeStageAddr,
 		maxChunk:     fakeStage / 4,
 		ring:         make([]byte, fakeRing),
+		proofSlot:    make([]byte, ProofMaxLen),
 		spillMax:     fakeRing,
 		readable:     make(chan struct{}, 1),
 		writable:     make(chan struct{}, 1),

@@ -12,7 +12,8 @@ import (
 // its bootstrap connection) before it declares the upgrade.
 //
 // Prepare posts one receive WQE before the flow-controlled ones, the proof WQE (WR ID
-// index proofRecvIndex), whose buffer is the first ProofMaxLen bytes of the receive ring. RC
+// index proofRecvIndex), whose buffer is ProofMaxLen bytes of the first ring's mailbox
+// (mailboxProof), never written again, so that no data races the proof's reading. RC
 // delivers in order and a receive queue is consumed in order, so the peer's first
 // message lands in it, whatever it is. That message must be a SEND of at most
 // ProofMaxLen bytes (its payload is the caller's business: rsock puts its proof in
@@ -22,9 +23,7 @@ import (
 //
 //   - The proof WQE is posted in addition to Options.RecvWQEs, which alone are the
 //     peer's initial WQE credit; the peer's proof spends exactly the proof WQE.
-//   - The proof's bytes land at the start of the ring before any data may: the peer
-//     writes data only once the caller has read the proof (rsock's peer waits for this
-//     side's proof, or its confirmation, which come after), so no ring credit is spent
+//   - The proof's bytes land in the mailbox, not the ring, so no ring credit is spent
 //     on it and none is returned for it.
 //   - Our own proof is one signaled SEND, numbered and retired like any send WR, whose
 //     staging bytes free with its completion.
@@ -79,7 +78,7 @@ func (c *Conn) onProof(wc *verbs.WorkCompletion) {
 		c.failLocked(err)
 		return
 	}
-	n := copy(c.proof.buf[:], c.ring[:wc.ByteLen])
+	n := copy(c.proof.buf[:], c.proofSlot[:wc.ByteLen])
 	c.finishProofLocked(n, nil)
 }
 

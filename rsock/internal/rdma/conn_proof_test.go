@@ -58,7 +58,7 @@ func TestProofArrival(t *testing.T) {
 			c := newFakeConn(t, q)
 			_, err := c.Proof()
 			require.ErrorIs(t, err, ErrNoProof, "before the completion")
-			copy(c.ring, "hello")
+			copy(c.proofSlot, "hello")
 			c.onCompletion(&tt.wc)
 			select {
 			case <-c.ProofDone():

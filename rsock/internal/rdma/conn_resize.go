@@ -17,10 +17,14 @@ const (
 	// mailboxSize bytes follow every ring in its memory region: the peer writes its
 	// resize's payload at mailboxIn, and a ring's own description waits at mailboxOut
 	// to be sent in the resize that announces it. flowctl allows one resize under way
-	// per direction, so neither slot is ever needed twice at once.
-	mailboxSize = 64
-	mailboxIn   = 0
-	mailboxOut  = 16
+	// per direction, so neither slot is ever needed twice at once. Before all that, the
+	// first ring's proof WQE (conn_proof.go) takes the peer's proof in the mailbox, out
+	// of the way of the data that follows it into the ring; no resize can come before
+	// the proof has been read.
+	mailboxSize  = 64
+	mailboxIn    = 0
+	mailboxOut   = 16
+	mailboxProof = 0
 	// maxGrownRing is the largest ring a resize may name: above 512 KiB, ring credit
 	// comes in units of more than a byte, and flowctl resizes only within one unit.
 	maxGrownRing = 512 << 10
@@ -207,3 +211,6 @@ func (c *Conn) freeOldStageLocked() {
 		c.failLocked(fmt.Errorf("%w: free the old send buffer: %w", ErrQPFailed, err))
 	}
 }
+
+// The proof WQE's buffer lies within the mailbox.
+var _ [mailboxSize - mailboxProof - ProofMaxLen]struct{}

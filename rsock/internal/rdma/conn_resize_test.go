@@ -282,8 +282,7 @@ func TestFixedRingMeetsGrowingRing(t *testing.T) {
 	require.NoError(t, err)
 	growing, err := eb.Connect(ea.Offer(), cb, 0)
 	require.NoError(t, err)
-	fixed.Start()
-	growing.Start()
+	startPair(t, fixed, growing)
 
 	var wg sync.WaitGroup
 	wg.Go(func() { sendAll(t, fixed, growing, payload(size, 4), 20<<10, 4) })

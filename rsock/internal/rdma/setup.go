@@ -296,7 +296,7 @@ func PrepareContext(ctx context.Context, p verbs.Provider, ip netip.Addr, opts O
 		return nil, fmt.Errorf("QP to INIT: %w", err)
 	}
 	// The proof WQE first: the peer's first message lands in it (conn_proof.go).
-	proofSGE := []verbs.SGE{{Addr: ep.ring.Addr(), Length: ProofMaxLen, LKey: ep.ring.LKey()}}
+	proofSGE := []verbs.SGE{{Addr: ep.ring.Addr() + uint64(opts.RingSize) + mailboxProof, Length: ProofMaxLen, LKey: ep.ring.LKey()}}
 	if err = ep.qp.PostRecv([]verbs.RecvWR{{ID: recvWRFlag | ep.gen | proofRecvIndex, SGL: proofSGE}}); err != nil {
 		return nil, fmt.Errorf("post the proof WQE: %w", err)
 	}
