@@ -57,7 +57,7 @@ path_pair() {
 path_filtered() {
   local rc=0 why='RDMA path unproven.*UDP 4791'
   roce_filter add || { echo "tc: cannot install the RoCE drop filter"; roce_filter del; return 1; }
-  path_pair echo_server 7100 /t/bin/echo_client -addr $B:7100 -msg "across a filtered path" &&
+  path_pair echo_server 7310 /t/bin/echo_client -addr $B:7310 -msg "across a filtered path" &&
     expect /tmp/path_client.log "over tcp\$" "the client on tcp" &&
     expect /tmp/path_client.log "not rdma: .*$why" "the client's reason" &&
     expect /tmp/path_client.log '^echo: across a filtered path$' "the echo" &&
