@@ -32,41 +32,20 @@ roce_filter() {
   return 0
 }
 
-# path_pair <server> <port> <client cmd...>: like examples.sh's pair, for connections
-# that are expected to fall back: server on B, client on A, outputs in
-# /tmp/path_server.log and /tmp/path_client.log.
-path_pair() {
-  local server=$1 port=$2 spid crc src
-  shift 2
-  timeout -k 5 120 /t/bin/"$server" -addr $B:"$port" > /tmp/path_server.log 2>&1 &
-  spid=$!
-  wait_listen "$port" $spid || { kill $spid 2>/dev/null; cat /tmp/path_server.log; return 1; }
-  timeout -k 5 90 "$@" > /tmp/path_client.log 2>&1
-  crc=$?
-  stop $spid "$server"
-  src=$?
-  echo "--- client (host A): $*"
-  cat /tmp/path_client.log
-  echo "--- server (host B): $server -addr $B:$port"
-  cat /tmp/path_server.log
-  [ $crc = 0 ] || { echo "client exited with status $crc"; return 1; }
-  [ $src = 0 ]
-}
-
 # path_filtered: the step.
 path_filtered() {
   local rc=0 why='RDMA path unproven.*UDP 4791'
   roce_filter add || { echo "tc: cannot install the RoCE drop filter"; roce_filter del; return 1; }
-  path_pair echo_server 7310 /t/bin/echo_client -addr $B:7310 -msg "across a filtered path" &&
-    expect /tmp/path_client.log "over tcp\$" "the client on tcp" &&
-    expect /tmp/path_client.log "not rdma: .*$why" "the client's reason" &&
-    expect /tmp/path_client.log '^echo: across a filtered path$' "the echo" &&
-    expect /tmp/path_server.log "$A:[0-9]+ connected over tcp.*$why" "the server on tcp, with the reason" || rc=1
+  run_pair echo_server 7310 /t/bin/echo_client -addr $B:7310 -msg "across a filtered path" &&
+    expect /tmp/ex_client.log "over tcp\$" "the client on tcp" &&
+    expect /tmp/ex_client.log "not rdma: .*$why" "the client's reason" &&
+    expect /tmp/ex_client.log '^echo: across a filtered path$' "the echo" &&
+    expect /tmp/ex_server.log "$A:[0-9]+ connected over tcp.*$why" "the server on tcp, with the reason" || rc=1
   if [ $rc = 0 ]; then
-    path_pair grpc_server 9100 /t/bin/grpc_client -addr $B:9100 -calls 200 &&
-      expect /tmp/path_client.log "connected to $B:9100 over tcp" "the gRPC client on tcp" &&
-      expect /tmp/path_client.log "not rdma: .*$why" "the gRPC client's reason" &&
-      expect /tmp/path_client.log 'Digest: 10 MiB sent, the server.s SHA-256 matches' "the upload's digest" || rc=1
+    run_pair grpc_server 9100 /t/bin/grpc_client -addr $B:9100 -calls 200 &&
+      expect /tmp/ex_client.log "connected to $B:9100 over tcp" "the gRPC client on tcp" &&
+      expect /tmp/ex_client.log "not rdma: .*$why" "the gRPC client's reason" &&
+      expect /tmp/ex_client.log 'Digest: 10 MiB sent, the server.s SHA-256 matches' "the upload's digest" || rc=1
   fi
   echo "--- RoCE drop filter counters"
   $TC -s filter show dev wa egress
