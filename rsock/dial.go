@@ -140,8 +140,8 @@ func (d *dialState) handshake(ctx context.Context) (*Conn, error) {
 	}
 	c := newConn(d.boot, d.transport, up.reason)
 	if !up.replied {
-		if err := writeHello(d.boot, offerHello(nil)); err != nil {
-			return nil, fmt.Errorf("send hello: %w", err)
+		if err := d.sendHello(offerHello(nil)); err != nil {
+			return nil, err
 		}
 		c.expectReply(d.cfg.HandshakeTimeout)
 	}

@@ -23,6 +23,9 @@ func (l *Listener) handshake(raw bootConn, transport string) (*Conn, error) {
 		}
 		raw.SetReadDeadline(sniffEnd)
 		isHello, err := hr.sniff(raw)
+		if testHookSniffed != nil {
+			testHookSniffed(isHello)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("read first bytes: %w", err)
 		}
@@ -43,6 +46,9 @@ func (l *Listener) handshake(raw bootConn, transport string) (*Conn, error) {
 	raw.SetDeadline(time.Time{})
 	return c, nil
 }
+
+// testHookSniffed, when tests set it (before Listen), is told each sniff's verdict.
+var testHookSniffed func(isHello bool)
 
 // answer reads the client's offer (its first bytes may already be in hr) and answers it.
 func (l *Listener) answer(ctx context.Context, raw bootConn, transport string, hr *helloReader) (*Conn, error) {

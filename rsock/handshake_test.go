@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rsockio/rsock/fallback"
+	"github.com/rsockio/rsock/verbs"
 	"github.com/rsockio/rsock/verbs/soft"
 )
 
@@ -309,9 +310,19 @@ func TestDialPlainServer(t *testing.T) {
 
 // TestPlainClients serves rsock and plain clients on one Listener.
 func TestPlainClients(t *testing.T) {
-	scfg, ccfg := configs(t, FallbackTCP)
+	fab := soft.New(soft.Options{})
+	scfg, ccfg := rdmaConfigs(t, FallbackTCP, fab)
 	scfg.AcceptPlainClients = true
 	scfg.PlainSniffTimeout = 50 * time.Millisecond
+	// The sniff's verdicts, the latest kept: the rsock client's device waits for one.
+	sniffed := make(chan bool, 1)
+	testHookSniffed = func(isHello bool) {
+		select {
+		case sniffed <- isHello:
+		default:
+		}
+	}
+	t.Cleanup(func() { testHookSniffed = nil })
 	ln := listen(t, scfg)
 
 	// A line-protocol server: a banner first, then each line echoed in upper case.
@@ -388,19 +399,37 @@ func TestPlainClients(t *testing.T) {
 		require.Equal(t, strings.ToUpper("\x89x\n"), got, "the sniffed byte is handed on")
 	})
 	t.Run("Rsock", func(t *testing.T) {
-		// The sniff is what this test is about: the client stays off RDMA, whose device
-		// preparation on a slow host can outlast PlainSniffTimeout before the hello goes
-		// out (a known limit of the sniff, see the FAILURE_MODES row).
+		// A device slower than the sniff: the client's device listing ends only once
+		// the server has decided what the client is. The client sent the hello's magic
+		// before preparing its device, so the server waits for the rest of the hello
+		// and the connection upgrades.
+		select {
+		case <-sniffed: // an earlier subtest's
+		default:
+		}
 		cfg := *ccfg
-		cfg.DisableRDMA = true
+		cfg.Provider = &gatedProvider{Provider: fab, gate: sniffed}
 		c, err := Dial("tcp", ln.Addr().String(), &cfg)
 		require.NoError(t, err)
 		defer c.Close()
+		require.Equal(t, TransportRDMA, c.Transport(), "client: %v", c.FallbackReason())
 		require.Equal(t, "rsock\n", banner(c))
 		talk(c, "still rsock")
 	})
 	require.NoError(t, ln.Close())
 	require.ErrorIs(t, <-served, net.ErrClosed)
+}
+
+// gatedProvider is a provider whose device listing waits for a value on gate: a device
+// as slow as the test needs it to be.
+type gatedProvider struct {
+	verbs.Provider
+	gate <-chan bool
+}
+
+func (p *gatedProvider) Devices() ([]verbs.DeviceAttr, error) {
+	<-p.gate
+	return p.Provider.Devices()
 }
 
 // TestPlainClientWriteTo reads a plain client's bytes through WriteTo, which must hand

@@ -93,7 +93,9 @@ import (
 // appended within a version; incompatible changes take a new version.
 //
 // The exchange: the client sends an offer. A client that offers no RDMA may send data
-// right behind it. The server answers with an accept or a decline. After a decline both
+// right behind it. A client about to prepare an RDMA endpoint sends the offer's magic
+// first and the rest once its endpoint is ready (the same bytes, in two writes), so that
+// a server sniffing for plain clients recognizes it however slow its device is. The server answers with an accept or a decline. After a decline both
 // sides stay on the bootstrap connection, whose next bytes are data. After an accept,
 // the two sides prove the path over the new queue pairs and the client confirms with
 // one byte (upgrade.go). A server that receives another version's offer (version 1's

@@ -84,12 +84,51 @@ type dialState struct {
 	cfg       *Config  // resolved
 	boot      bootConn // the bootstrap connection; no hello has been sent on it yet
 	transport string   // TransportTCP or TransportQUIC
+
+	// magicSent is set once the hello's magic has gone out ahead of the rest of the
+	// hello (sendMagic); sendHello then sends the rest.
+	magicSent bool
+}
+
+// sendMagic sends the hello's first bytes, its magic, before the device preparation,
+// which can take long on a real device (listing, opening, registering). A Listener
+// with AcceptPlainClients decides within PlainSniffTimeout whether a client is plain
+// by its first bytes; with the magic in, it waits for the rest of the hello within
+// the handshake timeout instead. The bytes on the wire are the same hello, only sent
+// in two writes.
+func (d *dialState) sendMagic() error {
+	if _, err := d.boot.Write(helloMagic[:]); err != nil {
+		return fmt.Errorf("send hello: %w", err)
+	}
+	d.magicSent = true
+	return nil
+}
+
+// sendHello sends h, or what of it follows the magic when sendMagic sent that already.
+func (d *dialState) sendHello(h hello) error {
+	var buf [helloMaxLen]byte
+	b := h.appendTo(buf[:0])
+	if d.magicSent {
+		b = b[len(helloMagic):]
+	}
+	if _, err := d.boot.Write(b); err != nil {
+		return fmt.Errorf("send hello: %w", err)
+	}
+	return nil
 }
 
 // offerRDMA tries to upgrade a dialed connection to RDMA. It runs before any hello was
-// sent. To upgrade, it sends an offer with this side's RDMA endpoint, waits for the
-// server's answer, connects the queue pairs and proves the path.
+// sent. To upgrade, it sends the hello's magic, prepares this side's RDMA endpoint,
+// sends the rest of an offer with it, waits for the server's answer, connects the
+// queue pairs and proves the path.
 func (d *dialState) offerRDMA(ctx context.Context) (upgrade, error) {
+	if _, err := d.cfg.provider(); err == nil {
+		// Only when there is a device to prepare: a dial without one sends its hello
+		// in one write.
+		if err := d.sendMagic(); err != nil {
+			return upgrade{}, err
+		}
+	}
 	ep, reason, err := prepareEndpoint(ctx, d.cfg, d.boot, nil)
 	if err != nil {
 		return upgrade{}, err
@@ -99,9 +138,9 @@ func (d *dialState) offerRDMA(ctx context.Context) (upgrade, error) {
 	}
 	mine := ep.Offer()
 	offer := endpointOf(mine, newNonce())
-	if err := writeHello(d.boot, offerHello(&offer)); err != nil {
+	if err := d.sendHello(offerHello(&offer)); err != nil {
 		ep.Abort()
-		return upgrade{}, fmt.Errorf("send hello: %w", err)
+		return upgrade{}, err
 	}
 	var hr helloReader
 	h, err := hr.read(d.boot)
