@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/rsockio/rsock/fallback"
+	"github.com/rsockio/rsock/rsock/internal/rdma"
 )
 
 // Listener accepts rsock connections. It implements [net.Listener]; Accept returns
@@ -105,7 +106,9 @@ func (l *Listener) AcceptRsock() (*Conn, error) {
 
 // Close stops listening, aborts the handshakes in progress and closes the connections
 // not yet accepted. Connections already accepted stay open. Close returns once all of
-// the Listener's goroutines have ended.
+// the Listener's goroutines have ended. It also closes the process's idle RDMA devices
+// of the Listener's provider: a device stays open for a while after its last
+// connection, so that the next one sets up faster.
 func (l *Listener) Close() error {
 	var err error
 	first := false
@@ -124,6 +127,9 @@ func (l *Listener) Close() error {
 			l.quic.Close()
 		}
 		l.wg.Wait()
+		if p, perr := l.cfg.provider(); perr == nil {
+			rdma.CloseIdle(p) // nobody to report a device's closing error to
+		}
 	})
 	if !first {
 		return fmt.Errorf("rsock: close listener on %s: %w", l.tcp.Addr(), net.ErrClosed)

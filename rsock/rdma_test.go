@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/net/nettest"
 
+	"github.com/rsockio/rsock/rsock/internal/rdma"
 	"github.com/rsockio/rsock/verbs/soft"
 )
 
@@ -35,6 +36,7 @@ func rdmaConfigs(t testing.TB, f Fallback, fab *soft.Fabric) (server, client *Co
 func requireReleased(t testing.TB, fab *soft.Fabric) {
 	t.Helper()
 	held := func() int {
+		rdma.CloseIdle(nil) // a device stays open after its last connection, for a while
 		s := fab.Stats()
 		return s.QPs + s.MRs + s.CQs + s.PDs + s.Contexts + s.CompChannels
 	}

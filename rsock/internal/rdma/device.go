@@ -15,9 +15,11 @@ import (
 // device is one opened RDMA device shared by every connection of the process that uses
 // it: one context and a growing set of pollers, each owning a CQ. It holds no protection
 // domain: each connection allocates its own (see "Isolation" in the package docs), so
-// that no peer can reach another connection's memory. It is reference-counted: the last
-// connection to let go closes everything, so that an idle process holds no device
-// resources.
+// that no peer can reach another connection's memory. It is reference-counted: when the
+// last connection lets go, the device stays warm (open, with one CQ, no goroutine) for
+// deviceIdleTimeout, so that the next connection skips opening it, creating and clearing
+// a CQ and listing the devices; then it closes, so that an idle process holds no device
+// resources for long (see warm.go).
 //
 // The device holds no port or GID: those belong to each connection ([portPath]), chosen
 // by the connection's own local IP, since connections from different local addresses
@@ -33,6 +35,12 @@ type device struct {
 	ctx     verbs.Context
 
 	refs int // guarded by devices
+
+	// Guarded by devices: the device is warm and unused, since idleSeq (for picking
+	// the longest idle); stopIdle stops its idle timer (warm.go).
+	idle     bool
+	idleSeq  uint64
+	stopIdle func() bool
 
 	mu      sync.Mutex
 	conns   int // endpoints admitted
@@ -106,6 +114,9 @@ func acquireDevice(ctx context.Context, p verbs.Provider, ip netip.Addr, sel ver
 
 	devices.Lock()
 	d := devices.open[key]
+	if d != nil && d.idle {
+		d.wake() // warm.go
+	}
 	if d == nil || d.events.fatal.Load() {
 		d = &device{key: key, attr: devAttr, ready: make(chan struct{})}
 		devices.open[key] = d
@@ -218,8 +229,9 @@ func (l *attrListing) run(p verbs.Provider) {
 	attrCache.Unlock()
 }
 
-// release drops one reference, closing the device with the last one. A device still
-// being opened is left to its opening goroutine, which closes it if nobody wants it.
+// release drops one reference. With the last one, the device goes idle (warm.go), or
+// closes if it cannot be reused. A device still being opened is left to its opening
+// goroutine, which closes it if nobody wants it.
 func (d *device) release() error {
 	devices.Lock()
 	d.refs--
@@ -237,12 +249,20 @@ func (d *device) release() error {
 		devices.Unlock()
 		return nil // never opened; open took it out of the table
 	}
+	defer devices.Unlock()
+	if !d.events.fatal.Load() && devices.open[d.key] == d {
+		return d.sleep() // warm.go
+	}
+	return d.closeLocked()
+}
+
+// closeLocked closes the unused device, with devices locked: closing under the lock
+// keeps a new acquireDevice from opening the same device while this one is being torn
+// down.
+func (d *device) closeLocked() error {
 	if devices.open[d.key] == d {
 		delete(devices.open, d.key)
 	}
-	// Closing under the lock keeps a new acquireDevice from opening the same device
-	// while this one is being torn down.
-	defer devices.Unlock()
 	d.events.stop()
 	d.mu.Lock()
 	pollers := d.pollers

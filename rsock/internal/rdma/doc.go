@@ -19,7 +19,10 @@
 // Options.RoCEVersion says v1; on InfiniBand the port whose IPoIB interface holds it;
 // iWARP refused), and names the GID by its hardware index in the port's table, which
 // may have holes. Finding and opening the device is bounded by the caller's context,
-// and a burst of connections on a cold cache lists the provider's devices once.
+// and a burst of connections on a cold cache lists the provider's devices once. A
+// device whose last connection has closed stays warm (open, one CQ, no goroutine) for
+// a while, so that the next connection skips opening it and creating a CQ (warm.go;
+// [CloseIdle] closes it at once).
 //
 // A connection's queue depths and buffers are checked against the device's limits
 // before it allocates anything (caps.go): beyond max_qp_wr, max_cqe or max_mr_size,
@@ -32,7 +35,7 @@
 // buffer), conn_flow.go (credits and completions), conn_close.go (FIN and teardown),
 // poller.go (completion polling shared by many connections, one CQ per poller, spread
 // over the device's completion vectors), device.go (per-device shared context and
-// CQs), events.go (the device's asynchronous events: a fatal device or a port going
+// CQs), warm.go (devices kept open between connections), events.go (the device's asynchronous events: a fatal device or a port going
 // down fails its connections at once, port changes refresh the device listing),
 // conn_alive.go (liveness: the keepalive probe and the silence bound), caps.go (device
 // limits), budget.go (registered-memory budget and RLIMIT_MEMLOCK), conn_resize.go

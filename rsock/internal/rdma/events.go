@@ -67,13 +67,32 @@ func (e *deviceEvents) start(d *device) {
 
 // stop ends the listener and waits for it; the device's context must still be open.
 func (e *deviceEvents) stop() {
+	e.pause()
+	e.uncount()
+}
+
+// pause ends the listener and waits for it, leaving the device counted in listening:
+// the context queues its events meanwhile, and resume hands them to a new listener.
+// An idle device pauses (warm.go), so that it holds no goroutine.
+func (e *deviceEvents) pause() {
 	if e.cancel == nil {
 		return
 	}
 	e.cancel()
 	<-e.done
 	e.cancel = nil
-	e.uncount()
+}
+
+// resume restarts the listener of d that pause ended, counting d in listening again
+// if it had stopped counting (its provider has no events).
+func (e *deviceEvents) resume(d *device) {
+	if e.counted.Load() {
+		ctx, cancel := context.WithCancel(context.Background())
+		e.cancel, e.done = cancel, make(chan struct{})
+		go d.listen(ctx, e.done)
+		return
+	}
+	e.start(d)
 }
 
 // uncount takes the device out of listening, once.
@@ -94,10 +113,13 @@ func (d *device) listen(ctx context.Context, done chan struct{}) {
 	for {
 		ev, err := d.ctx.WaitAsyncEvent(ctx)
 		if err != nil {
-			// ctx ended (release), the context is closed, or the provider has no
-			// events to give (ErrNotSupported): nothing more to listen to, and
-			// nothing to drop a cached listing when a port changes.
-			d.events.uncount()
+			// ctx ended (release or pause: they uncount as they need), the context
+			// is closed, or the provider has no events to give (ErrNotSupported):
+			// nothing more to listen to, and nothing to drop a cached listing when a
+			// port changes.
+			if ctx.Err() == nil {
+				d.events.uncount()
+			}
 			return
 		}
 		d.handleEvent(ev)

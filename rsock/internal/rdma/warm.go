@@ -1,0 +1,145 @@
+package rdma
+
+import (
+	"errors"
+	"time"
+
+	"github.com/rsockio/rsock/verbs"
+)
+
+// This file keeps devices warm between connections. Setting a connection up on a cold
+// device costs a device listing (on rdma-core, opening every device and reading its
+// GID tables from sysfs), opening the device, creating a completion channel and a CQ
+// (whose entries the provider clears), and starting the event listener. A process that
+// connects, closes and connects again would pay all of it each time.
+//
+// So when its last connection lets go, a device goes idle instead of closing: it keeps
+// its context and one healthy CQ (its poller has no goroutine while no QP is attached),
+// and its event listener pauses, so that an idle device holds no goroutine; the
+// context queues its events meanwhile, and the listener that resumes with the next
+// connection handles them. The device's listing stays in the cache (deviceAttrs) while
+// it is idle, within attrCacheTTL as always; a port change while it idles is therefore
+// seen by the listener only once the next connection has chosen its port and GID from
+// the listing, which can make that one connection fall back (its path proof fails), never
+// lose bytes.
+//
+// An idle device closes after deviceIdleTimeout without a connection, and at most
+// maxIdleDevices stay idle at once: one more closes the one idle longest. CloseIdle
+// closes them at once (a Listener's Close does, for its provider).
+
+const (
+	// deviceIdleTimeout is how long an unused device stays open.
+	deviceIdleTimeout = 10 * time.Second
+	// maxIdleDevices bounds the devices kept open unused, over all providers.
+	maxIdleDevices = 4
+)
+
+// idleDevices counts the idle devices and numbers their idle periods. Guarded by
+// devices' lock, as are the idle fields of each device.
+var idleDevices struct {
+	n   int
+	seq uint64
+}
+
+// sleep makes the device, whose last reference is gone, idle; devices is locked. It
+// keeps the first healthy poller's CQ and closes the others.
+func (d *device) sleep() error {
+	d.events.pause()
+	d.mu.Lock()
+	var keep *poller
+	var drop []*poller
+	for _, p := range d.pollers {
+		if keep == nil && p.healthy() {
+			keep = p
+			continue
+		}
+		drop = append(drop, p)
+	}
+	d.pollers = d.pollers[:0]
+	if keep != nil {
+		d.pollers = append(d.pollers, keep)
+	}
+	d.mu.Unlock()
+	var errs []error
+	for _, p := range drop {
+		errs = append(errs, p.close())
+	}
+
+	idleDevices.seq++
+	idleDevices.n++
+	d.idle, d.idleSeq = true, idleDevices.seq
+	seq := d.idleSeq
+	d.stopIdle = time.AfterFunc(deviceIdleTimeout, func() { d.expire(seq) }).Stop
+	if idleDevices.n > maxIdleDevices {
+		errs = append(errs, closeIdleLocked(oldestIdleLocked()))
+	}
+	return errors.Join(errs...)
+}
+
+// wake takes the idle device back into use; devices is locked.
+func (d *device) wake() {
+	d.unidle()
+	d.events.resume(d)
+}
+
+// unidle ends the device's idle period; devices is locked. Its timer, if it has fired
+// already, finds the period over (expire).
+func (d *device) unidle() {
+	d.idle = false
+	d.stopIdle()
+	idleDevices.n--
+}
+
+// expire closes the device if it is still in the idle period seq. Nobody is left to
+// be told of an error in closing it.
+func (d *device) expire(seq uint64) {
+	devices.Lock()
+	defer devices.Unlock()
+	if d.idle && d.idleSeq == seq {
+		closeIdleLocked(d)
+	}
+}
+
+// oldestIdleLocked returns the device idle the longest; devices is locked and at least
+// one device is idle.
+func oldestIdleLocked() *device {
+	var oldest *device
+	for _, d := range devices.open {
+		if d.idle && (oldest == nil || d.idleSeq < oldest.idleSeq) {
+			oldest = d
+		}
+	}
+	return oldest
+}
+
+// closeIdleLocked closes the idle device d; devices is locked.
+func closeIdleLocked(d *device) error {
+	d.unidle()
+	return d.closeLocked()
+}
+
+// CloseIdle closes the idle devices of provider p (of every provider if p is nil) at
+// once, instead of after their idle timeout. Devices in use are left alone.
+func CloseIdle(p verbs.Provider) error {
+	return closeIdle(func(q verbs.Provider) bool { return p == nil || q == p })
+}
+
+// closeIdle closes the idle devices whose provider matches.
+func closeIdle(match func(verbs.Provider) bool) error {
+	devices.Lock()
+	defer devices.Unlock()
+	var errs []error
+	for _, d := range devices.open {
+		if d.idle && match(d.key.provider) {
+			errs = append(errs, closeIdleLocked(d))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// healthy reports whether the poller's CQ has not failed.
+func (p *poller) healthy() bool {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.err == nil
+}

@@ -1,0 +1,121 @@
+package rdma
+
+import (
+	"reflect"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/soft"
+)
+
+// closeIdleOf closes the idle devices of fabric f, whether tests use it directly or
+// through a wrapper that embeds it.
+func closeIdleOf(t testing.TB, f *soft.Fabric) {
+	t.Helper()
+	require.NoError(t, closeIdle(func(p verbs.Provider) bool { return fabricOf(p) == f }))
+}
+
+// fabricOf returns the soft fabric p is or embeds (as a field named Fabric), or nil.
+func fabricOf(p verbs.Provider) *soft.Fabric {
+	if f, ok := p.(*soft.Fabric); ok {
+		return f
+	}
+	v := reflect.ValueOf(p)
+	if v.Kind() != reflect.Pointer || v.Elem().Kind() != reflect.Struct {
+		return nil
+	}
+	if fv := v.Elem().FieldByName("Fabric"); fv.IsValid() && fv.CanInterface() {
+		f, _ := fv.Interface().(*soft.Fabric)
+		return f
+	}
+	return nil
+}
+
+// TestDeviceStaysWarm releases a device's last endpoint: the device stays open with one
+// CQ and no goroutine (synctest would find a parked one at the end), the next endpoint
+// reuses it without listing devices or creating a CQ, and it closes deviceIdleTimeout after
+// its last endpoint, not before.
+func TestDeviceStaysWarm(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := soft.New(soft.Options{})
+		p := &provider{Fabric: f}
+		e, err := Prepare(p, loopback, Options{})
+		require.NoError(t, err)
+		dev := e.dev
+		require.NoError(t, e.Abort())
+		s := f.Stats()
+		require.Equal(t, 1, s.Contexts, "contexts while idle: %+v", s)
+		require.Equal(t, 1, s.CQs, "CQs while idle: %+v", s)
+		require.Zero(t, s.QPs+s.PDs+s.MRs, "per-connection resources while idle: %+v", s)
+
+		time.Sleep(attrCacheTTL / 2) // within the listing's lifetime too
+		e, err = Prepare(p, loopback, Options{})
+		require.NoError(t, err)
+		require.Same(t, dev, e.dev, "the warm device")
+		require.Equal(t, int64(1), p.lists.Load(), "device listings")
+		require.Equal(t, 1, f.Stats().CQs, "CQs in use")
+
+		time.Sleep(deviceIdleTimeout) // in use: the first idle period's timer is void
+		require.Equal(t, 1, f.Stats().Contexts, "contexts in use")
+		require.NoError(t, e.Abort())
+
+		time.Sleep(deviceIdleTimeout - time.Nanosecond)
+		require.Equal(t, 1, f.Stats().Contexts, "contexts just before the idle timeout")
+		time.Sleep(time.Nanosecond)
+		synctest.Wait()
+		requireReleasedNow(t, f)
+	})
+}
+
+// TestIdleDevicesBounded leaves one more idle device than maxIdleDevices: the one idle
+// the longest closes at once, the others stay until CloseIdle.
+func TestIdleDevicesBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fabs := make([]*soft.Fabric, maxIdleDevices+1)
+		for i := range fabs {
+			fabs[i] = soft.New(soft.Options{})
+			e, err := Prepare(fabs[i], loopback, Options{})
+			require.NoError(t, err)
+			require.NoError(t, e.Abort())
+			time.Sleep(time.Millisecond) // one after the other
+		}
+		require.Zero(t, fabs[0].Stats().Contexts, "the device idle the longest")
+		for i, f := range fabs[1:] {
+			require.Equal(t, 1, f.Stats().Contexts, "device %d", i+1)
+		}
+		for _, f := range fabs[1:] {
+			require.NoError(t, CloseIdle(f))
+			requireReleasedNow(t, f)
+		}
+	})
+}
+
+// TestIdleDeviceKeepsOneCQ fills a first CQ so that a second connection needs its own:
+// once both are released, the device keeps one CQ.
+func TestIdleDeviceKeepsOneCQ(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := soft.New(soft.Options{})
+		opts := Options{CQSize: DefaultSendWQEs + DefaultRecvWQEs + 1} // one endpoint per CQ
+		e1, err := Prepare(f, loopback, opts)
+		require.NoError(t, err)
+		e2, err := Prepare(f, loopback, opts)
+		require.NoError(t, err)
+		require.Equal(t, 2, f.Stats().CQs, "CQs in use")
+		require.NoError(t, e1.Abort())
+		require.NoError(t, e2.Abort())
+		require.Equal(t, 1, f.Stats().CQs, "CQs while idle")
+		require.NoError(t, CloseIdle(f))
+		requireReleasedNow(t, f)
+	})
+}
+
+// requireReleasedNow checks, without closing idle devices, that f holds nothing.
+func requireReleasedNow(t *testing.T, f *soft.Fabric) {
+	t.Helper()
+	s := f.Stats()
+	require.Zero(t, s.QPs+s.MRs+s.CQs+s.PDs+s.Contexts+s.CompChannels, "soft resources left: %+v", s)
+}
