@@ -404,6 +404,56 @@ func fakeDevice(t *testing.T) {
 		require.Zero(t, allocs, "allocations per post and poll")
 	})
 
+	// The work requests rsock's engine posts, as it posts them: a zero-length credit
+	// update, a write split at the ring's end into two requests of which only the
+	// last is signaled, a large write from the staging buffer, receive WQEs without a
+	// buffer re-posted one at a time, and polls of a full batch.
+	t.Run("no allocations: the engine's requests", func(t *testing.T) {
+		r := newFakeRig(t, verbs.QPCaps{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInlineData: 64})
+		defer r.close(t)
+		write := func(flags verbs.SendFlags, off, n uint32) verbs.SendWR {
+			w := verbs.SendWR{ID: uint64(off) + 1, Opcode: verbs.OpRDMAWriteWithImm, Flags: flags, Imm: n,
+				RemoteAddr: r.mrB.Addr() + uint64(off), RKey: r.mrB.RKey()}
+			if n > 0 {
+				w.SGL = []verbs.SGE{{Addr: r.mrA.Addr() + uint64(off), Length: n, LKey: r.mrA.LKey()}}
+			}
+			return w
+		}
+		for _, tt := range []struct {
+			name  string
+			sends []verbs.SendWR
+			// signaled is how many of sends complete on the sender's CQ.
+			signaled int
+		}{
+			{"credit update", []verbs.SendWR{write(verbs.SendSignaled, 0, 0)}, 1},
+			{"unsignaled credit update", []verbs.SendWR{write(0, 0, 0), write(verbs.SendSignaled, 0, 0)}, 1},
+			{"inline write", []verbs.SendWR{write(verbs.SendSignaled|verbs.SendInline, 0, 64)}, 1},
+			{"split write", []verbs.SendWR{write(0, 3072, 1024), write(verbs.SendSignaled, 0, 2048)}, 1},
+			{"large write", []verbs.SendWR{write(verbs.SendSignaled, 0, 4096)}, 1},
+		} {
+			var recv [1]verbs.RecvWR
+			wc := make([]verbs.WorkCompletion, 64)
+			allocs := testing.AllocsPerRun(100, func() {
+				for i := range tt.sends {
+					recv[0].ID = uint64(i)
+					if r.b.PostRecv(recv[:]) != nil {
+						panic("post recv failed")
+					}
+				}
+				if r.a.PostSend(tt.sends) != nil {
+					panic("post send failed")
+				}
+				if n, _ := r.cqB.Poll(wc); n != len(tt.sends) {
+					panic(fmt.Sprintf("%s: %d receive completions, want %d", tt.name, n, len(tt.sends)))
+				}
+				if n, _ := r.cqA.Poll(wc); n != tt.signaled {
+					panic(fmt.Sprintf("%s: %d send completions, want %d", tt.name, n, tt.signaled))
+				}
+			})
+			require.Zero(t, allocs, "%s: allocations per post and poll", tt.name)
+		}
+	})
+
 	// A poller arms its CQ and waits on the channel, again and again with one
 	// cancellable context: none of that may allocate (a context.AfterFunc per Wait did).
 	t.Run("no allocations: arm and wait", func(t *testing.T) {
