@@ -88,6 +88,11 @@ type dialState struct {
 	// magicSent is set once the hello's magic has gone out ahead of the rest of the
 	// hello (sendMagic); sendHello then sends the rest.
 	magicSent bool
+
+	// Buffers for the hello out and the server's in, kept here so that a dial
+	// allocates the state once rather than each buffer.
+	out [helloMaxLen]byte
+	in  helloReader
 }
 
 // sendMagic sends the hello's first bytes, its magic, before the device preparation,
@@ -104,10 +109,21 @@ func (d *dialState) sendMagic() error {
 	return nil
 }
 
+// deviceCold reports whether this side would prepare an RDMA endpoint on a device that
+// is not warm (rdma.Warm): one whose listing or opening can take long. Without a
+// provider, or with a warm device, the hello goes out in one write.
+func (d *dialState) deviceCold() bool {
+	p, err := d.cfg.provider()
+	if err != nil {
+		return false
+	}
+	ip, ok := localIP(d.boot)
+	return ok && !rdma.Warm(p, ip, d.cfg.rdmaOptions())
+}
+
 // sendHello sends h, or what of it follows the magic when sendMagic sent that already.
 func (d *dialState) sendHello(h hello) error {
-	var buf [helloMaxLen]byte
-	b := h.appendTo(buf[:0])
+	b := h.appendTo(d.out[:0])
 	if d.magicSent {
 		b = b[len(helloMagic):]
 	}
@@ -118,13 +134,11 @@ func (d *dialState) sendHello(h hello) error {
 }
 
 // offerRDMA tries to upgrade a dialed connection to RDMA. It runs before any hello was
-// sent. To upgrade, it sends the hello's magic, prepares this side's RDMA endpoint,
-// sends the rest of an offer with it, waits for the server's answer, connects the
-// queue pairs and proves the path.
+// sent. To upgrade, it prepares this side's RDMA endpoint (on a cold device, after
+// sending the hello's magic: see sendMagic), sends an offer with it, waits for the
+// server's answer, connects the queue pairs and proves the path.
 func (d *dialState) offerRDMA(ctx context.Context) (upgrade, error) {
-	if _, err := d.cfg.provider(); err == nil {
-		// Only when there is a device to prepare: a dial without one sends its hello
-		// in one write.
+	if d.deviceCold() {
 		if err := d.sendMagic(); err != nil {
 			return upgrade{}, err
 		}
@@ -142,8 +156,7 @@ func (d *dialState) offerRDMA(ctx context.Context) (upgrade, error) {
 		ep.Abort()
 		return upgrade{}, err
 	}
-	var hr helloReader
-	h, err := hr.read(d.boot)
+	h, err := d.in.read(d.boot)
 	switch {
 	case errors.Is(err, ErrVersionMismatch) && h.kind == helloDecline:
 		ep.Abort()
@@ -193,7 +206,8 @@ func (d *dialState) offerRDMA(ctx context.Context) (upgrade, error) {
 // returns the server's proof, or why the path is unproven (an error matching
 // ErrPathUnproven), or an error when ctx ends first (the handshake is over).
 func proveClient(ctx context.Context, conn *rdma.Conn, mine *proof) (peer proof, why, err error) {
-	if err := conn.SendProof(mine.appendTo(nil)); err != nil {
+	var buf [proofLen]byte // SendProof copies it
+	if err := conn.SendProof(mine.appendTo(buf[:0])); err != nil {
 		return proof{}, fmt.Errorf("%w: send the proof: %w", ErrPathUnproven, err), nil
 	}
 	wait := pathProofTimeout
@@ -294,7 +308,8 @@ func (a *acceptState) acceptRDMA(ctx context.Context, offer *hello) (upgrade, er
 			// it must know the client's ring from now on.
 			conn.SetPeerRing(peer.ringAddr, peer.ringRKey)
 			ours := proof{role: roleServer, client: offer.rdma.Nonce, server: accept.Nonce, ringRKey: mine.RingRKey, ringAddr: mine.RingAddr}
-			if err := conn.SendProof(ours.appendTo(nil)); err != nil {
+			var buf [proofLen]byte // SendProof copies it
+			if err := conn.SendProof(ours.appendTo(buf[:0])); err != nil {
 				why = fmt.Errorf("%w: send the proof: %w", ErrPathUnproven, err)
 			}
 		}

@@ -37,10 +37,11 @@ type device struct {
 	refs int // guarded by devices
 
 	// Guarded by devices: the device is warm and unused, since idleSeq (for picking
-	// the longest idle); stopIdle stops its idle timer (warm.go).
-	idle     bool
-	idleSeq  uint64
-	stopIdle func() bool
+	// the longest idle), until idleUntil; idleTimer closes it then (warm.go).
+	idle      bool
+	idleSeq   uint64
+	idleUntil time.Time
+	idleTimer *time.Timer
 
 	mu      sync.Mutex
 	conns   int // endpoints admitted

@@ -2,6 +2,8 @@ package rdma
 
 import (
 	"errors"
+	"net/netip"
+	"reflect"
 	"time"
 
 	"github.com/rsockio/rsock/verbs"
@@ -68,8 +70,12 @@ func (d *device) sleep() error {
 	idleDevices.seq++
 	idleDevices.n++
 	d.idle, d.idleSeq = true, idleDevices.seq
-	seq := d.idleSeq
-	d.stopIdle = time.AfterFunc(deviceIdleTimeout, func() { d.expire(seq) }).Stop
+	d.idleUntil = time.Now().Add(deviceIdleTimeout)
+	if d.idleTimer == nil {
+		d.idleTimer = time.AfterFunc(deviceIdleTimeout, d.expire)
+	} else {
+		d.idleTimer.Reset(deviceIdleTimeout) // one timer for all the device's idle periods
+	}
 	if idleDevices.n > maxIdleDevices {
 		errs = append(errs, closeIdleLocked(oldestIdleLocked()))
 	}
@@ -86,16 +92,18 @@ func (d *device) wake() {
 // already, finds the period over (expire).
 func (d *device) unidle() {
 	d.idle = false
-	d.stopIdle()
+	d.idleTimer.Stop()
 	idleDevices.n--
 }
 
-// expire closes the device if it is still in the idle period seq. Nobody is left to
-// be told of an error in closing it.
-func (d *device) expire(seq uint64) {
+// expire closes the device if it is idle and its idle period has run out: a timer that
+// fired for an earlier period, just before the device was woken, finds it in use or
+// idle again with a later end, and the timer is due again then. Nobody is left to be
+// told of an error in closing the device.
+func (d *device) expire() {
 	devices.Lock()
 	defer devices.Unlock()
-	if d.idle && d.idleSeq == seq {
+	if d.idle && !time.Now().Before(d.idleUntil) {
 		closeIdleLocked(d)
 	}
 }
@@ -142,4 +150,40 @@ func (p *poller) healthy() bool {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	return p.err == nil
+}
+
+// Warm reports whether preparing an endpoint on provider p for local address ip with
+// opts would find its device open and the provider's device listing cached: then
+// PrepareContext makes only the connection's own verbs calls (protection domain,
+// registrations, queue pair), and lists and opens nothing. rsock's client sends its
+// hello in one piece when the device is warm, and its first bytes ahead of the
+// preparation when it is not.
+func Warm(p verbs.Provider, ip netip.Addr, opts Options) bool {
+	if !reflect.TypeOf(p).Comparable() {
+		return false
+	}
+	now := time.Now()
+	attrCache.Lock()
+	l := attrCache.byProvider[p]
+	fresh := l != nil && l.finished && l.err == nil && now.Before(l.until)
+	attrCache.Unlock()
+	if !fresh || !listened(p) {
+		return false
+	}
+	chosen, err := verbs.Selector{RoCEVersion: opts.roceGIDType(), NetdevOf: opts.netdevOf}.Select(l.attrs, ip)
+	if err != nil {
+		return false
+	}
+	devices.Lock()
+	defer devices.Unlock()
+	d := devices.open[deviceKey{provider: p, name: chosen.Device.Name}]
+	if d == nil || d.events.fatal.Load() {
+		return false
+	}
+	select {
+	case <-d.ready:
+		return d.openErr == nil
+	default:
+		return false
+	}
 }

@@ -1,6 +1,7 @@
 package rdma
 
 import (
+	"net/netip"
 	"reflect"
 	"testing"
 	"testing/synctest"
@@ -118,4 +119,20 @@ func requireReleasedNow(t *testing.T, f *soft.Fabric) {
 	t.Helper()
 	s := f.Stats()
 	require.Zero(t, s.QPs+s.MRs+s.CQs+s.PDs+s.Contexts+s.CompChannels, "soft resources left: %+v", s)
+}
+
+// TestWarm follows a provider from cold (nothing listed or open) to warm (listed, device
+// open, in use or idle) and back.
+func TestWarm(t *testing.T) {
+	f := soft.New(soft.Options{})
+	require.False(t, Warm(f, loopback, Options{}), "cold")
+	e, err := Prepare(f, loopback, Options{})
+	require.NoError(t, err)
+	require.True(t, Warm(f, loopback, Options{}), "in use")
+	require.False(t, Warm(f, netip.MustParseAddr("192.0.2.1"), Options{}), "an address no device serves")
+	require.NoError(t, e.Abort())
+	require.True(t, Warm(f, loopback, Options{}), "idle")
+	require.NoError(t, CloseIdle(f))
+	require.False(t, Warm(f, loopback, Options{}), "closed")
+	requireReleased(t, f)
 }
