@@ -53,8 +53,19 @@ func newListenerBudget(cfg *Config) *listenerBudget {
 // (IPv4-mapped IPv6 included), and its /64 for IPv6, since a host is commonly given a
 // whole /64 and can pick any address in it. ok is false for an address that is not IP.
 func remoteKey(a net.Addr) (netip.Prefix, bool) {
-	ap, err := netip.ParseAddrPort(a.String())
-	if err != nil {
+	var ap netip.AddrPort
+	switch a := a.(type) {
+	case *net.TCPAddr: // what TCP gives, without formatting and parsing it
+		ap = a.AddrPort()
+	case *net.UDPAddr:
+		ap = a.AddrPort()
+	default:
+		var err error
+		if ap, err = netip.ParseAddrPort(a.String()); err != nil {
+			return netip.Prefix{}, false
+		}
+	}
+	if !ap.Addr().IsValid() {
 		return netip.Prefix{}, false
 	}
 	ip := ap.Addr().WithZone("").Unmap()
@@ -115,9 +126,14 @@ func (r *remoteBudget) Charge(qps, bytes int) error {
 func (b *listenerBudget) check(u *usage, key netip.Prefix, qps, bytes int) error {
 	over := func(limit, held, asked int64) bool { return limit > 0 && asked > 0 && held+asked > limit }
 	q, n := int64(qps), int64(bytes)
-	scope := "remote address " + key.String()
-	if key.Addr().Is4() {
-		scope = "remote address " + key.Addr().String()
+	var scope string
+	if u != nil { // formatted only for a refusal of the remote address's limits
+		if over(int64(b.maxQPsRemote), int64(u.qps), q) || over(b.maxBytesRemote, u.bytes, n) {
+			scope = "remote address " + key.String()
+			if key.Addr().Is4() {
+				scope = "remote address " + key.Addr().String()
+			}
+		}
 	}
 	switch {
 	case u != nil && over(int64(b.maxQPsRemote), int64(u.qps), q):

@@ -136,7 +136,7 @@ func (s Selector) Select(devs []DeviceAttr, ip netip.Addr) (Selection, error) {
 	if want != GIDTypeRoCEv1 {
 		want = GIDTypeRoCEv2
 	}
-	fail := &SelectError{IP: ip}
+	fail := SelectError{IP: ip} // on the stack: a selection that succeeds allocates nothing for it
 	note := func(format string, args ...any) {
 		if r := fmt.Sprintf(format, args...); !slices.Contains(fail.Reasons, r) {
 			fail.Reasons = append(fail.Reasons, r)
@@ -197,7 +197,7 @@ func (s Selector) Select(devs []DeviceAttr, ip netip.Addr) (Selection, error) {
 				looked = true
 				netdev, fail.Err = s.netdevOf(addr)
 				if fail.Err != nil {
-					return Selection{}, fail
+					return Selection{}, fail.escape()
 				}
 			}
 			if netdev == "" || !slices.Contains(p.Netdevs, netdev) || !usable(d, p, note) {
@@ -218,8 +218,11 @@ func (s Selector) Select(devs []DeviceAttr, ip netip.Addr) (Selection, error) {
 		}
 		note("%s, and InfiniBand ports serve the addresses of their IPoIB interfaces: %s", held, strings.Join(ib, ", "))
 	}
-	return Selection{}, fail
+	return Selection{}, fail.escape()
 }
+
+// escape returns a copy of e on the heap, so that e itself can stay on the stack.
+func (e SelectError) escape() *SelectError { return &e }
 
 // usable reports whether port p of d can carry rsock, noting why not.
 func usable(d DeviceAttr, p PortAttr, note func(string, ...any)) bool {

@@ -170,6 +170,13 @@ func (m *countedMR) Close() error {
 // Options.MaxRegisteredMemory and RLIMIT_MEMLOCK; what names the region in errors. It
 // is the only place the engine registers memory.
 func (ep *Endpoint) registerMR(n int, access verbs.AccessFlags, what string) (verbs.MR, error) {
+	return ep.registerMRIn(nil, n, access, what)
+}
+
+// registerMRIn is registerMR keeping the region's record in m, if not nil: the
+// endpoint's first ring and send buffer live in the endpoint, so that preparing it
+// allocates less.
+func (ep *Endpoint) registerMRIn(m *countedMR, n int, access verbs.AccessFlags, what string) (verbs.MR, error) {
 	p, _ := ep.dev.key.provider.(pinner)
 	pins := p != nil && p.PinsMemory()
 	c, err := charge(ep.dev, pins, n, ep.opts.MaxRegisteredMemory)
@@ -190,7 +197,11 @@ func (ep *Endpoint) registerMR(n int, access verbs.AccessFlags, what string) (ve
 		}
 		return nil, fmt.Errorf("register %d-byte %s: %w", n, what, err)
 	}
-	return &countedMR{MR: mr, charge: c, ep: ep, budget: n}, nil
+	if m == nil {
+		m = new(countedMR)
+	}
+	*m = countedMR{MR: mr, charge: c, ep: ep, budget: n}
+	return m, nil
 }
 
 // pinnedNow is the bytes rsock has pinned, for error texts.

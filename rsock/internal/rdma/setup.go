@@ -225,6 +225,14 @@ type Endpoint struct {
 	// What is charged to opts.Budget: queue pairs and registered bytes.
 	qpCharge, memCharge int
 	gen                 uint64 // generation in every WR ID (conn_flow.go)
+
+	// The receive WQEs PrepareContext posts are built here rather than in slices of
+	// their own: the endpoint is on the heap anyway, and a dial allocates less.
+	setupRecv [1]verbs.RecvWR
+	setupSGE  [1]verbs.SGE
+	// The records of the first ring and send buffer (registerMRIn), for the same
+	// reason.
+	firstRing, firstSend countedMR
 }
 
 // Prepare is PrepareContext with a background context.
@@ -274,10 +282,10 @@ func PrepareContext(ctx context.Context, p verbs.Provider, ip netip.Addr, opts O
 	if ep.pd, err = dev.ctx.AllocPD(); err != nil {
 		return nil, fmt.Errorf("allocate protection domain on %s: %w", dev.attr.Name, err)
 	}
-	if ep.ring, err = ep.registerMR(opts.RingSize+mailboxSize, ringAccess, "receive ring"); err != nil {
+	if ep.ring, err = ep.registerMRIn(&ep.firstRing, opts.RingSize+mailboxSize, ringAccess, "receive ring"); err != nil {
 		return nil, err
 	}
-	if ep.sendBuf, err = ep.registerMR(opts.firstSendBuffer(), verbs.AccessLocalWrite, "send buffer"); err != nil {
+	if ep.sendBuf, err = ep.registerMRIn(&ep.firstSend, opts.firstSendBuffer(), verbs.AccessLocalWrite, "send buffer"); err != nil {
 		return nil, err
 	}
 	ep.inline = min(dev.attr.MaxInline, maxInline)
@@ -296,11 +304,13 @@ func PrepareContext(ctx context.Context, p verbs.Provider, ip netip.Addr, opts O
 		return nil, fmt.Errorf("QP to INIT: %w", err)
 	}
 	// The proof WQE first: the peer's first message lands in it (conn_proof.go).
-	proofSGE := []verbs.SGE{{Addr: ep.ring.Addr() + uint64(opts.RingSize) + mailboxProof, Length: ProofMaxLen, LKey: ep.ring.LKey()}}
-	if err = ep.qp.PostRecv([]verbs.RecvWR{{ID: recvWRFlag | ep.gen | proofRecvIndex, SGL: proofSGE}}); err != nil {
+	ep.setupSGE[0] = verbs.SGE{Addr: ep.ring.Addr() + uint64(opts.RingSize) + mailboxProof, Length: ProofMaxLen, LKey: ep.ring.LKey()}
+	recv := &ep.setupRecv
+	recv[0] = verbs.RecvWR{ID: recvWRFlag | ep.gen | proofRecvIndex, SGL: ep.setupSGE[:]}
+	if err = ep.qp.PostRecv(recv[:]); err != nil {
 		return nil, fmt.Errorf("post the proof WQE: %w", err)
 	}
-	var recv [1]verbs.RecvWR
+	recv[0].SGL = nil
 	for i := range opts.RecvWQEs {
 		recv[0].ID = recvWRFlag | ep.gen | uint64(i)
 		if err = ep.qp.PostRecv(recv[:]); err != nil {
@@ -412,24 +422,23 @@ func (ep *Endpoint) refund(qps, bytes int) {
 // its budget.
 func (ep *Endpoint) release() error {
 	var errs []error
-	if ep.qp != nil {
-		errs = append(errs, ep.qp.Close())
-		ep.qp = nil
-	}
-	for _, mr := range []*verbs.MR{&ep.sendBuf, &ep.oldSend} {
-		if *mr != nil {
-			errs = append(errs, (*mr).Close())
-			*mr = nil
+	add := func(err error) { // only failures: a release that succeeds allocates nothing for them
+		if err != nil {
+			errs = append(errs, err)
 		}
 	}
-	for _, mr := range []*verbs.MR{&ep.ring, &ep.oldRing, &ep.nextRing} {
+	if ep.qp != nil {
+		add(ep.qp.Close())
+		ep.qp = nil
+	}
+	for _, mr := range [...]*verbs.MR{&ep.sendBuf, &ep.oldSend, &ep.ring, &ep.oldRing, &ep.nextRing} {
 		if *mr != nil {
-			errs = append(errs, (*mr).Close())
+			add((*mr).Close())
 			*mr = nil
 		}
 	}
 	if ep.pd != nil {
-		errs = append(errs, ep.pd.Close())
+		add(ep.pd.Close())
 		ep.pd = nil
 	}
 	ep.refund(ep.qpCharge, ep.memCharge) // the QP, and anything not refunded above
@@ -442,7 +451,7 @@ func (ep *Endpoint) release() error {
 			ep.dev.leave()
 			ep.admitted = false
 		}
-		errs = append(errs, ep.dev.release())
+		add(ep.dev.release())
 		ep.dev = nil
 	}
 	return errors.Join(errs...)
