@@ -1,0 +1,60 @@
+//go:build !race
+
+package rsock
+
+import (
+	"runtime"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rsockio/rsock/verbs/soft"
+)
+
+// (Not built with -race: the race detector's instrumentation allocates.)
+
+// maxSetupAllocs bounds the allocations of one RDMA connection's whole life on soft, as
+// TestSetupAllocs counts them: both ends' dial, accept, handshake, path proof and close,
+// the bootstrap TCP connection's own included, and soft's queue pairs and
+// registrations (about 30). It measured 217 before devices stayed warm between
+// connections and setup stopped allocating on its success path what only errors need,
+// 156 after; the bound leaves a little room for the background work (timers, the
+// control channel) that a run may or may not catch.
+const maxSetupAllocs = 165
+
+// TestSetupAllocs dials, accepts and closes RDMA connections one after the other on a
+// warm soft device, and bounds their allocations. testing.AllocsPerRun counts every
+// goroutine's, so the server's handshake, the pollers and the closing are included;
+// each run waits for the connection's queue pairs to be gone, so that no run's
+// teardown is counted in the next.
+func TestSetupAllocs(t *testing.T) {
+	fab := soft.New(soft.Options{})
+	scfg, ccfg := rdmaConfigs(t, FallbackTCP, fab)
+	ln := listen(t, scfg)
+	addr := ln.Addr().String()
+	cycle := func() {
+		c, err := Dial("tcp", addr, ccfg)
+		if err != nil {
+			panic(err)
+		}
+		s, err := ln.AcceptRsock()
+		if err != nil {
+			panic(err)
+		}
+		if c.Transport() != TransportRDMA || s.Transport() != TransportRDMA {
+			panic("not upgraded: " + c.Transport() + ", " + s.Transport())
+		}
+		c.Close()
+		s.Close()
+		for fab.Stats().QPs > 0 {
+			runtime.Gosched()
+		}
+	}
+	cycle() // the device warms up
+	allocs := testing.AllocsPerRun(50, cycle)
+	t.Logf("%.0f allocations per connection set up and closed", allocs)
+	require.LessOrEqual(t, allocs, float64(maxSetupAllocs), "allocations per connection set up and closed")
+
+	require.NoError(t, ln.Close())
+	requireReleased(t, fab)
+}
