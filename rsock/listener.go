@@ -106,9 +106,10 @@ func (l *Listener) AcceptRsock() (*Conn, error) {
 
 // Close stops listening, aborts the handshakes in progress and closes the connections
 // not yet accepted. Connections already accepted stay open. Close returns once all of
-// the Listener's goroutines have ended. It also closes the process's idle RDMA devices
-// of the Listener's provider: a device stays open for a while after its last
-// connection, so that the next one sets up faster.
+// the Listener's goroutines have ended. A device stays open for a while after its last
+// RDMA connection, so that the next one sets up faster; Close also ends that for the
+// Listener's provider: its idle devices close at once, and those in use close with
+// their last connection (until a new connection on the provider).
 func (l *Listener) Close() error {
 	var err error
 	first := false
@@ -128,7 +129,7 @@ func (l *Listener) Close() error {
 		}
 		l.wg.Wait()
 		if p, perr := l.cfg.provider(); perr == nil {
-			rdma.CloseIdle(p) // nobody to report a device's closing error to
+			rdma.Cool(p) // nobody to report a device's closing error to
 		}
 	})
 	if !first {

@@ -114,6 +114,7 @@ func acquireDevice(ctx context.Context, p verbs.Provider, ip netip.Addr, sel ver
 	key := deviceKey{provider: p, name: devAttr.Name}
 
 	devices.Lock()
+	delete(idleDevices.cooled, p) // warm.go: a connection on p warms it again
 	d := devices.open[key]
 	if d != nil && d.idle {
 		d.wake() // warm.go
@@ -251,7 +252,7 @@ func (d *device) release() error {
 		return nil // never opened; open took it out of the table
 	}
 	defer devices.Unlock()
-	if !d.events.fatal.Load() && devices.open[d.key] == d {
+	if d.keepsWarm() {
 		return d.sleep() // warm.go
 	}
 	return d.closeLocked()
@@ -264,6 +265,7 @@ func (d *device) closeLocked() error {
 	if devices.open[d.key] == d {
 		delete(devices.open, d.key)
 	}
+	uncoolLocked(d.key.provider) // warm.go
 	d.events.stop()
 	d.mu.Lock()
 	pollers := d.pollers

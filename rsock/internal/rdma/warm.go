@@ -27,7 +27,10 @@ import (
 //
 // An idle device closes after deviceIdleTimeout without a connection, and at most
 // maxIdleDevices stay idle at once: one more closes the one idle longest. CloseIdle
-// closes them at once (a Listener's Close does, for its provider).
+// closes them at once; Cool also makes a provider's devices in use close with their
+// last connection rather than idle, until the provider's next connection (a Listener's
+// Close cools its provider, so that a server that shuts down releases its devices as
+// its connections end).
 
 const (
 	// deviceIdleTimeout is how long an unused device stays open.
@@ -36,11 +39,18 @@ const (
 	maxIdleDevices = 4
 )
 
-// idleDevices counts the idle devices and numbers their idle periods. Guarded by
-// devices' lock, as are the idle fields of each device.
-var idleDevices struct {
-	n   int
-	seq uint64
+// idleDevices counts the idle devices and numbers their idle periods, and holds the
+// cooled providers (Cool). Guarded by devices' lock, as are the idle fields of each
+// device.
+var idleDevices = struct {
+	n      int
+	seq    uint64
+	cooled map[verbs.Provider]bool
+}{cooled: make(map[verbs.Provider]bool)}
+
+// keepsWarm reports whether d may go idle when unused; devices is locked.
+func (d *device) keepsWarm() bool {
+	return !d.events.fatal.Load() && devices.open[d.key] == d && !idleDevices.cooled[d.key.provider]
 }
 
 // sleep makes the device, whose last reference is gone, idle; devices is locked. It
@@ -130,6 +140,37 @@ func closeIdleLocked(d *device) error {
 // once, instead of after their idle timeout. Devices in use are left alone.
 func CloseIdle(p verbs.Provider) error {
 	return closeIdle(func(q verbs.Provider) bool { return p == nil || q == p })
+}
+
+// Cool closes the idle devices of provider p now, and makes those in use close when
+// their last connection does, instead of staying warm, until the next connection on p.
+func Cool(p verbs.Provider) error {
+	if p == nil || !reflect.TypeOf(p).Comparable() {
+		return nil // no device of it was ever opened
+	}
+	devices.Lock()
+	for _, d := range devices.open {
+		if d.key.provider == p && !d.idle { // else nothing to remember: closeIdle closes it
+			idleDevices.cooled[p] = true
+			break
+		}
+	}
+	devices.Unlock()
+	return CloseIdle(p)
+}
+
+// uncoolLocked forgets that p was cooled once none of its devices is open, so that the
+// record holds no provider for longer than its devices; devices is locked.
+func uncoolLocked(p verbs.Provider) {
+	if !idleDevices.cooled[p] {
+		return
+	}
+	for _, d := range devices.open {
+		if d.key.provider == p {
+			return
+		}
+	}
+	delete(idleDevices.cooled, p)
 }
 
 // closeIdle closes the idle devices whose provider matches.

@@ -136,3 +136,25 @@ func TestWarm(t *testing.T) {
 	require.False(t, Warm(f, loopback, Options{}), "closed")
 	requireReleased(t, f)
 }
+
+// TestCool cools a provider with one device in use: the device closes with its last
+// endpoint instead of going idle, and the next endpoint warms the provider again.
+func TestCool(t *testing.T) {
+	f := soft.New(soft.Options{})
+	e, err := Prepare(f, loopback, Options{})
+	require.NoError(t, err)
+	require.NoError(t, Cool(f))
+	require.Equal(t, 1, f.Stats().Contexts, "the device in use stays open")
+	require.NoError(t, e.Abort())
+	requireReleasedNow(t, f)
+	devices.Lock()
+	require.NotContains(t, idleDevices.cooled, verbs.Provider(f), "the record outlives the devices")
+	devices.Unlock()
+
+	e, err = Prepare(f, loopback, Options{})
+	require.NoError(t, err)
+	require.NoError(t, e.Abort())
+	require.Equal(t, 1, f.Stats().Contexts, "warm again after a new endpoint")
+	require.NoError(t, Cool(f))
+	requireReleasedNow(t, f)
+}
