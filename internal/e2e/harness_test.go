@@ -17,8 +17,8 @@ import (
 // released: the dial's endpoint is released only when its handshake fails.
 func TestEnvWaitsForDialsInProgress(t *testing.T) {
 	env := harness.Transport{Name: "rdma", RDMA: true}.Env(t)
-	// A server that reads the client's first byte and then says nothing, so the dial
-	// stays in its handshake with its endpoint allocated.
+	// A server that reads the client's first five bytes and then says nothing, so the
+	// dial stays in its handshake with its endpoint allocated.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	accepted := make(chan net.Conn, 1)
@@ -28,8 +28,10 @@ func TestEnvWaitsForDialsInProgress(t *testing.T) {
 			close(accepted)
 			return
 		}
-		var b [1]byte
-		io.ReadFull(c, b[:]) // the hello has been sent: the endpoint exists
+		// The magic (4 bytes) goes out before a cold device is prepared; the byte
+		// after it, with the rest of the hello, once the endpoint exists.
+		var b [5]byte
+		io.ReadFull(c, b[:])
 		accepted <- c
 	}()
 	d := env.Dialer()
