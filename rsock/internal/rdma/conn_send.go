@@ -80,8 +80,11 @@ func (c *Conn) writeSome(p []byte, r io.Reader) (int, error) {
 			}
 			return m, rerr
 		}
+		stall := c.stats.stallStart(c.fc.Writable() == 0)
 		c.mu.Unlock()
-		if err := c.waitWritable(); err != nil {
+		err := c.waitWritable()
+		c.stats.stallEnd(stall)
+		if err != nil {
 			return 0, err
 		}
 	}
@@ -159,7 +162,8 @@ func (c *Conn) postStaged(n int) error {
 			c.mu.Unlock()
 			return err
 		}
-		if c.sqDepth-(c.sqPosted-c.sqDone) >= 2 && c.fc.Writable() > 0 {
+		credit := c.fc.Writable() > 0
+		if c.sqDepth-(c.sqPosted-c.sqDone) >= 2 && credit {
 			m, err := c.postStagedLocked(n)
 			n -= m
 			if err != nil {
@@ -169,7 +173,10 @@ func (c *Conn) postStaged(n int) error {
 		}
 		c.mu.Unlock()
 		if n > 0 {
-			if err := c.waitWritable(); err != nil {
+			stall := c.stats.stallStart(!credit)
+			err := c.waitWritable()
+			c.stats.stallEnd(stall)
+			if err != nil {
 				return err
 			}
 		}
@@ -201,6 +208,7 @@ func (c *Conn) postStagedLocked(n int) (int, error) {
 	if err := c.postLocked(res.Count); err != nil {
 		return 0, err
 	}
+	c.stats.sent(res.Count, res.Bytes)
 	return res.Bytes, nil
 }
 
