@@ -28,8 +28,8 @@ import (
 // process that is both ends of a connection counts it twice) until its Close. Its bytes
 // are those its application read and wrote; the totals add the open connections' counts
 // to the closed ones'. "fallbacks" counts the connections that opened on TCP or QUIC, by
-// reason: the keys below, with "declined_" in front when the peer declined the upgrade
-// for that reason. "handshake_failures" counts connections that failed before Dial
+// reason: the keys below, and, for the reasons a peer's decline can carry, the same
+// with "declined_" in front when the peer declined the upgrade for that reason. "handshake_failures" counts connections that failed before Dial
 // returned them or Accept could hand them out, by cause: a Listener's, and a Dialer's
 // after its bootstrap connection was up.
 //
@@ -80,6 +80,17 @@ func reasonIndex(why error) (int, bool) {
 		}
 	}
 	return len(reasonKeys) - 1, peer
+}
+
+// declinable reports whether a peer's decline can carry the reason err: the hello's
+// decline reasons are a fixed set (declineErrs), and only those get a "declined_" key.
+func declinable(err error) bool {
+	for _, e := range declineErrs {
+		if e != nil && e == err {
+			return true
+		}
+	}
+	return false
 }
 
 // causeKeys name the causes of a failed handshake, in the order they are tested.
@@ -175,7 +186,9 @@ func (m *processMetrics) snapshot() map[string]map[string]int64 {
 	fallbacks := make(map[string]int64, 2*len(reasonKeys))
 	for i, r := range reasonKeys {
 		fallbacks[r.key] = m.fallbacks[i][0].Load()
-		fallbacks["declined_"+r.key] = m.fallbacks[i][1].Load()
+		if n := m.fallbacks[i][1].Load(); n != 0 || declinable(r.err) {
+			fallbacks["declined_"+r.key] = n
+		}
 	}
 	causes := make(map[string]int64, len(causeKeys))
 	for i, c := range causeKeys {
