@@ -80,11 +80,9 @@ func (c *Conn) writeSome(p []byte, r io.Reader) (int, error) {
 			}
 			return m, rerr
 		}
-		stall := c.stats.stallStart(c.fc.Writable() == 0)
+		noCredit := c.fc.Writable() == 0
 		c.mu.Unlock()
-		err := c.waitWritable()
-		c.stats.stallEnd(stall)
-		if err != nil {
+		if err := c.waitCredit(noCredit); err != nil {
 			return 0, err
 		}
 	}
@@ -173,10 +171,7 @@ func (c *Conn) postStaged(n int) error {
 		}
 		c.mu.Unlock()
 		if n > 0 {
-			stall := c.stats.stallStart(!credit)
-			err := c.waitWritable()
-			c.stats.stallEnd(stall)
-			if err != nil {
+			if err := c.waitCredit(!credit); err != nil {
 				return err
 			}
 		}

@@ -92,21 +92,27 @@ func (s *connStats) completionFailed(st verbs.WCStatus) {
 	}
 }
 
-// stallStart returns the time a writer begins to wait, if it waits for credit (the
-// peer granted none: noCredit) and counting is on; else the zero time, which stallEnd
-// ignores. Only a writer stalled on credit reads the clock.
-func (s *connStats) stallStart(noCredit bool) time.Time {
+// waitCredit is waitWritable for a writer that found no room, counting the wait as a
+// credit stall when the peer had granted no credit (noCredit, read under mu) and the
+// writer has to block: a wake-up already pending (a completion or credit that arrived
+// since the writer looked) is no stall. Only a stalled writer reads the clock.
+func (c *Conn) waitCredit(noCredit bool) error {
 	if !noCredit || StatsOff.Load() {
-		return time.Time{}
+		return c.waitWritable()
 	}
-	return time.Now()
+	select {
+	case <-c.writable:
+		return nil // the caller looks again, deadline first
+	default:
+	}
+	start := time.Now()
+	err := c.waitWritable()
+	c.stats.stallEnd(start)
+	return err
 }
 
-// stallEnd counts the wait that began at start (from stallStart) and tells the hook.
+// stallEnd counts a credit stall that began at start and tells the hook.
 func (s *connStats) stallEnd(start time.Time) {
-	if start.IsZero() {
-		return
-	}
 	d := time.Since(start)
 	s.stalls.Add(1)
 	s.stallNanos.Add(int64(d))
