@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"weak"
 )
 
 // Process-wide counters, published with expvar as the variable "rsock" (served as JSON
@@ -132,7 +133,9 @@ type processMetrics struct {
 
 	mu sync.Mutex
 	// live are the open connections, whose byte counts the totals add at read time.
-	live map[*Conn]struct{}
+	// They are held weakly: a Conn its program dropped without closing it is not kept
+	// alive by the counters (its bytes then drop out of the totals).
+	live map[weak.Pointer[Conn]]struct{}
 	// closedRead and closedWritten are the bytes of the connections closed so far.
 	closedRead, closedWritten [len(transportKeys)]uint64
 }
@@ -152,9 +155,9 @@ func (m *processMetrics) opened(c *Conn) {
 	}
 	m.mu.Lock()
 	if m.live == nil {
-		m.live = make(map[*Conn]struct{})
+		m.live = make(map[weak.Pointer[Conn]]struct{})
 	}
-	m.live[c] = struct{}{}
+	m.live[weak.Make(c)] = struct{}{}
 	m.mu.Unlock()
 }
 
@@ -163,7 +166,7 @@ func (m *processMetrics) closed(c *Conn) {
 	t := transportIndex(c.transport)
 	m.connsOpen[t].Add(-1)
 	m.mu.Lock()
-	delete(m.live, c)
+	delete(m.live, weak.Make(c))
 	m.closedRead[t] += c.st.read.Load()
 	m.closedWritten[t] += c.st.written.Load()
 	m.mu.Unlock()
@@ -198,7 +201,12 @@ func (m *processMetrics) snapshot() map[string]map[string]int64 {
 	written := make(map[string]int64, len(transportKeys))
 	m.mu.Lock()
 	r, w := m.closedRead, m.closedWritten
-	for c := range m.live {
+	for p := range m.live {
+		c := p.Value()
+		if c == nil {
+			delete(m.live, p) // dropped without Close
+			continue
+		}
 		t := transportIndex(c.transport)
 		r[t] += c.st.read.Load()
 		w[t] += c.st.written.Load()

@@ -9,9 +9,11 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"syscall"
 	"testing"
 	"time"
+	"weak"
 
 	"github.com/stretchr/testify/require"
 
@@ -173,4 +175,23 @@ func TestCauseIndex(t *testing.T) {
 			t.Errorf("causeIndex(%v) = %q, want %q", tc.err, got, tc.key)
 		}
 	}
+}
+
+// TestMetricsDoNotPinConns: a Conn its program drops without closing it is not kept
+// alive by the process-wide counters.
+func TestMetricsDoNotPinConns(t *testing.T) {
+	ln := listen(t, &Config{})
+	c, s := pipe(t, ln, &Config{})
+	dropped := weak.Make(c)
+	c = nil
+	for range 10 {
+		if dropped.Value() == nil {
+			break
+		}
+		runtime.GC()
+	}
+	require.Nil(t, dropped.Value(), "an unreferenced Conn was collected")
+	published(t) // the snapshot skips it
+	require.NoError(t, s.Close())
+	require.NoError(t, ln.Close())
 }
