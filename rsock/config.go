@@ -134,6 +134,12 @@ type Config struct {
 	// Nil discards them.
 	Logger *slog.Logger
 
+	// Tracer, if set, is called for each connection as Dial returns it or Accept hands
+	// it out, and the [ConnTracer] it returns (nil for none) receives that
+	// connection's events: upgrade or fallback, credit stalls, its first failure, its
+	// close. Nil, the default, costs nothing.
+	Tracer func(TraceInfo) *ConnTracer
+
 	// The fields below are used only on the RDMA transport. Zero selects the RDMA
 	// engine's default.
 

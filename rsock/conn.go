@@ -55,6 +55,8 @@ type Conn struct {
 	// replyTimeout bounds how long a client closed before reading the server's answer
 	// keeps its socket open for it (see closeBeforeReply).
 	replyTimeout time.Duration
+
+	st connCounters // statistics and tracing (stats.go)
 }
 
 // newConn returns a Conn whose data path is its bootstrap connection boot.
@@ -73,12 +75,14 @@ func newConn(boot bootConn, transport string, reason error) *Conn {
 // newRDMAConn returns a Conn whose bytes move through data, which keeps boot open as
 // its control channel and closes it.
 func newRDMAConn(boot bootConn, data stream) *Conn {
-	return &Conn{
+	c := &Conn{
 		s:         data,
 		local:     boot.LocalAddr(),
 		remote:    boot.RemoteAddr(),
 		transport: TransportRDMA,
 	}
+	c.st.engine = engineOf(data)
+	return c
 }
 
 // expectReply makes the first Read consume and check the server's answer to the
@@ -117,9 +121,9 @@ func (c *Conn) FallbackReason() error { return c.reason }
 // error matching [ErrNotRsockPeer], as does every Read after it.
 func (c *Conn) Read(p []byte) (int, error) {
 	if c.pending.Load() {
-		return c.readPending(p)
+		return c.st.didRead(c.readPending(p))
 	}
-	return c.s.Read(p)
+	return c.st.didRead(c.s.Read(p))
 }
 
 // readPending is Read while pending is set.
@@ -181,7 +185,7 @@ func (c *Conn) settleReply() error {
 
 // Write writes data to the connection, as [net.Conn] describes.
 func (c *Conn) Write(p []byte) (int, error) {
-	return c.s.Write(p)
+	return c.st.didWrite(c.s.Write(p))
 }
 
 // ReadFrom implements [io.ReaderFrom]. On TCP it hands the copy to the
@@ -189,10 +193,10 @@ func (c *Conn) Write(p []byte) (int, error) {
 // straight into its registered send buffer.
 func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
 	if c.tcp != nil {
-		return c.tcp.ReadFrom(r)
+		return c.st.didWrite64(c.tcp.ReadFrom(r))
 	}
 	if rf, ok := c.s.(io.ReaderFrom); ok {
-		return rf.ReadFrom(r)
+		return c.st.didWrite64(rf.ReadFrom(r))
 	}
 	return io.Copy(writerOnly{c}, r)
 }
@@ -214,7 +218,7 @@ func (c *Conn) WriteTo(w io.Writer) (int64, error) {
 			return 0, err
 		}
 		if len(prefix) > 0 {
-			m, err := w.Write(prefix)
+			m, err := c.st.didRead(w.Write(prefix))
 			n += int64(m)
 			if err != nil {
 				return n, err
@@ -222,11 +226,11 @@ func (c *Conn) WriteTo(w io.Writer) (int64, error) {
 		}
 	}
 	if c.tcp != nil {
-		m, err := c.tcp.WriteTo(w)
+		m, err := c.st.didRead64(c.tcp.WriteTo(w))
 		return n + m, err
 	}
 	if wt, ok := c.s.(io.WriterTo); ok {
-		m, err := wt.WriteTo(w) // RDMA: straight out of the receive ring
+		m, err := c.st.didRead64(wt.WriteTo(w)) // RDMA: straight out of the receive ring
 		return n + m, err
 	}
 	m, err := io.Copy(w, readerOnly{c})
@@ -249,6 +253,7 @@ func (c *Conn) CloseWrite() error {
 // ran out, an error matching [ErrLingerTimeout]: those bytes may be lost, as with a TCP
 // connection reset before its send buffer drained. Write returning is not delivery.
 func (c *Conn) Close() error {
+	defer c.st.closed(c)
 	if c.pending.Load() && c.tcp != nil {
 		if closed, err := c.closeBeforeReply(); closed {
 			return err

@@ -95,8 +95,10 @@ func (d *Dialer) DialRsock(ctx context.Context, network, address string) (*Conn,
 	c, err := clientHandshake(ctx, &dialState{cfg: cfg, boot: boot, transport: transport})
 	if err != nil {
 		boot.Close()
+		metrics.handshakeFailed(err)
 		return nil, fmt.Errorf("rsock: dial %s: %w", address, err)
 	}
+	c.st.opened(c, cfg, true)
 	return c, nil
 }
 

@@ -87,6 +87,17 @@
 // a peer whose device answers nothing at all within four periods of its last sign of
 // life ([ErrKeepaliveTimeout]).
 //
+// # Observability
+//
+// [Conn.Stats] reports a connection's transport, fallback reason and bytes and, on
+// RDMA, its messages, credit stalls, failed completions and buffer occupancy; it
+// allocates nothing. [Config.Tracer] receives each connection's events ([ConnTracer]).
+// Process-wide counters (connections by transport, fallbacks by reason, handshake
+// failures by cause, bytes by transport) are published with expvar as the variable
+// "rsock": importing this package registers it, and, as with any expvar variable,
+// expvar's /debug/vars handler on [net/http.DefaultServeMux]; metrics.go lists the
+// keys.
+//
 // # Listening
 //
 // A [Listener] runs the handshakes of new connections concurrently: a slow client, or

@@ -98,6 +98,7 @@ func (l *Listener) Accept() (net.Conn, error) {
 func (l *Listener) AcceptRsock() (*Conn, error) {
 	select {
 	case c := <-l.conns:
+		c.st.opened(c, l.cfg, false)
 		return c, nil
 	case <-l.ctx.Done():
 		return nil, fmt.Errorf("rsock: accept on %s: %w", l.tcp.Addr(), net.ErrClosed)
@@ -212,6 +213,7 @@ func (l *Listener) serve(raw bootConn, transport string) {
 	l.untrack(raw)
 	if err != nil {
 		if !l.isClosed() {
+			metrics.handshakeFailed(err)
 			l.cfg.Logger.Info("rsock: handshake failed", "remote", raw.RemoteAddr().String(), "transport", transport, "err", err)
 		}
 		raw.Close()

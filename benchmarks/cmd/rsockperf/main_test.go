@@ -57,7 +57,7 @@ func TestFlags(t *testing.T) {
 }
 
 // TestRun runs the command on a few transports and workloads, briefly, and checks its
-// outputs.
+// outputs. Its 44 measurements (22 results of 2 runs each) are numbered 1 to 44.
 func TestRun(t *testing.T) {
 	dir := t.TempDir()
 	jsonOut, svgOut := filepath.Join(dir, "r.json"), filepath.Join(dir, "r.svg")
@@ -67,17 +67,30 @@ func TestRun(t *testing.T) {
 		"-sizes", "64,4KiB", "-duration", "20ms", "-count", "2",
 		"-json", jsonOut, "-svg", svgOut,
 	}, &stdout, &stderr)
-	require.Equal(t, 0, code, "stderr: %s", stderr.String())
 	out := stdout.String()
 	for _, want := range []string{"stream:", "pingpong:", "grpc:", "RsockRDMA", "targets:"} {
 		require.Contains(t, out, want)
 	}
-	require.Contains(t, stderr.String(), "[", "progress")
+	require.Contains(t, stderr.String(), "[ 1/44] stream 64B SoftVerbs (1/2)", "progress starts at the first measurement")
+	require.Equal(t, 1, strings.Count(stderr.String(), "[44/44]"), "progress ends at the last measurement, once: %s", stderr.String())
 
 	b, err := os.ReadFile(jsonOut)
 	require.NoError(t, err)
 	var rep report.Report
 	require.NoError(t, json.Unmarshal(b, &rep))
+	// 20 ms runs may miss a target; then, and only then, the exit status says so.
+	missed := false
+	for _, tg := range rep.Targets {
+		missed = missed || (tg.Run && !tg.Pass)
+	}
+	if missed {
+		require.Equal(t, 1, code, "a target was missed; stderr: %s", stderr.String())
+		require.Contains(t, stderr.String(), "MISSED")
+	} else {
+		require.Equal(t, 0, code, "stderr: %s", stderr.String())
+	}
+	require.NotEqual(t, "unknown", rep.Machine.Commit, "go test runs in the checkout: its commit is recorded")
+	require.NotEmpty(t, rep.Machine.GoVersion)
 	// stream and pingpong: 2 sizes × 4 transports; grpc: 2 sizes × 3 transports.
 	require.Len(t, rep.Results, 22)
 	for _, r := range rep.Results {
@@ -99,4 +112,43 @@ func TestIdleMode(t *testing.T) {
 	require.Contains(t, stdout.String(), "12.1 KiB", "registered memory per RsockRDMA end")
 	require.Regexp(t, `≤ 32 KiB registered per idle RsockRDMA connection end .* met\n`, stdout.String())
 	require.Regexp(t, `≤ 64 KiB per idle RsockRDMA connection end, all included .* met\n`, stdout.String())
+}
+
+// TestMissedTargetFails: a report with a target missed is an error (rsockperf exits
+// 1), one with every target met or not measured is not.
+func TestMissedTargetFails(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		targets []report.Target
+		fails   bool
+	}{
+		{"met", []report.Target{{Name: "a", Run: true, Pass: true}}, false},
+		{"not measured", []report.Target{{Name: "a"}}, false},
+		{"missed", []report.Target{{Name: "a", Run: true, Pass: true}, {Name: "b ≥ 2×", Run: true, Value: 1, Limit: 2}}, true},
+	} {
+		var stdout bytes.Buffer
+		err := write(&options{}, &report.Report{Targets: tc.targets}, &stdout)
+		if (err != nil) != tc.fails {
+			t.Errorf("write with targets %s: error %v, want one: %v", tc.name, err, tc.fails)
+		}
+		if tc.fails {
+			require.ErrorContains(t, err, "b ≥ 2×: MISSED by 50%")
+		}
+	}
+}
+
+// TestProgressNumbers: the lines number the measurements 1 to total, each once.
+func TestProgressNumbers(t *testing.T) {
+	var buf bytes.Buffer
+	p := newProgress(&buf, false)
+	p.start(3, 0)
+	for _, label := range []string{"one", "two", "three"} {
+		p.begin(label)
+		p.end("ok")
+	}
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	require.Len(t, lines, 3, "output: %s", buf.String())
+	for i, want := range []string{"[1/3] one: ok", "[2/3] two: ok", "[3/3] three: ok"} {
+		require.True(t, strings.HasPrefix(lines[i], want), "line %d = %q, want it to start with %q", i, lines[i], want)
+	}
 }

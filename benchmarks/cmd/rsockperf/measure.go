@@ -211,6 +211,11 @@ func write(o *options, rep *report.Report, stdout io.Writer) error {
 			errs = append(errs, fmt.Errorf("%s %s on %s failed: %s", r.Workload, workload.SizeName(r.Size), r.Transport, r.Err))
 		}
 	}
+	for _, t := range rep.Targets {
+		if t.Run && !t.Pass {
+			errs = append(errs, fmt.Errorf("target %s: %s", t.Name, t.Verdict()))
+		}
+	}
 	return errors.Join(errs...)
 }
 

@@ -45,17 +45,17 @@ func (p *progress) start(total int, perRun time.Duration) {
 // begin announces a measurement.
 func (p *progress) begin(label string) {
 	p.label, p.begun = label, time.Now()
-	p.show(fmt.Sprintf("%s %s", p.prefix(), label))
+	p.show(fmt.Sprintf("%s %s", p.prefix(p.done+1), label))
 }
 
 // update shows how far the current measurement is, on a terminal.
 func (p *progress) update(frac float64) {
-	p.show(fmt.Sprintf("%s %s %3.0f%%", p.prefix(), p.label, 100*min(frac, 1)))
+	p.show(fmt.Sprintf("%s %s %3.0f%%", p.prefix(p.done+1), p.label, 100*min(frac, 1)))
 }
 
 // note shows a remark on the current measurement, on a terminal.
 func (p *progress) note(s string) {
-	p.show(fmt.Sprintf("%s %s: %s", p.prefix(), p.label, s))
+	p.show(fmt.Sprintf("%s %s: %s", p.prefix(p.done+1), p.label, s))
 }
 
 // end reports the outcome of the current measurement.
@@ -69,12 +69,14 @@ func (p *progress) end(outcome string) {
 	if p.done < p.total {
 		left = fmt.Sprintf(", ~%v left", p.eta())
 	}
-	fmt.Fprintf(p.w, "%s %s: %s  (%v elapsed%s)\n", p.prefix(), p.label, outcome, time.Since(p.t0).Round(time.Second), left)
+	fmt.Fprintf(p.w, "%s %s: %s  (%v elapsed%s)\n", p.prefix(p.done), p.label, outcome, time.Since(p.t0).Round(time.Second), left)
 }
 
-func (p *progress) prefix() string {
+// prefix numbers measurement n (from 1) of the total: the one in progress, or, in
+// end's line, the one that just ended.
+func (p *progress) prefix(n int) string {
 	width := len(fmt.Sprint(p.total))
-	return fmt.Sprintf("[%*d/%d]", width, min(p.done+1, p.total), p.total)
+	return fmt.Sprintf("[%*d/%d]", width, n, p.total)
 }
 
 // eta estimates the time left from the measurements done so far.

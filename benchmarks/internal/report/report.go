@@ -6,6 +6,7 @@ package report
 import (
 	"encoding/json"
 	"io"
+	"os"
 	"runtime"
 	"runtime/debug"
 	"slices"
@@ -37,8 +38,9 @@ type Machine struct {
 	GoVersion  string `json:"go_version"`
 	Kernel     string `json:"kernel,omitempty"`
 	// Commit is the revision of rsock the binary was built from, with "-dirty" when the
-	// tree had changes, or "unknown" (go run and go test stamp none), so that a result
-	// can be told stale.
+	// tree had changes, so that a result can be told stale. Without a VCS stamp (go
+	// run and go test stamp none) it is the working directory's rsock checkout's, or
+	// "unknown".
 	Commit string `json:"commit"`
 }
 
@@ -51,13 +53,19 @@ func ThisMachine() Machine {
 	}
 }
 
-// buildCommit returns the VCS revision stamped into this binary, or "unknown".
+// buildCommit returns the VCS revision stamped into this binary or, without one (go
+// run, go test), the commit of the rsock checkout in the working directory (gitCommit),
+// or "unknown".
 func buildCommit() string {
-	info, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "unknown"
+	if info, ok := debug.ReadBuildInfo(); ok {
+		if c := commitOf(info.Settings); c != "unknown" {
+			return c
+		}
 	}
-	return commitOf(info.Settings)
+	if wd, err := os.Getwd(); err == nil {
+		return gitCommit(wd)
+	}
+	return "unknown"
 }
 
 // commitOf picks the revision out of a binary's build settings: vcs.revision, with
@@ -201,8 +209,8 @@ func Merge(runs []Run) Result {
 }
 
 // Compare fills in every result's ratios: to its transport's baseline, if it has one
-// (RsockRDMA's is SoftVerbs, or RawTCP where SoftVerbs does not run the workload), and
-// to RawTCP.
+// (RsockRDMA's is SoftVerbs3Copy, the socket's copies without the socket, or SoftVerbs
+// where that did not run, or RawTCP where neither runs the workload), and to RawTCP.
 func Compare(results []Result) {
 	find := func(r Result, transport string) (Result, bool) {
 		for _, o := range results {
@@ -227,7 +235,7 @@ func Compare(results []Result) {
 		t, _ := workload.Lookup(r.Transport)
 		bases := []string{t.Baseline}
 		if t.Name == workload.RsockRDMA {
-			bases = append(bases, workload.RawTCP)
+			bases = append(bases, workload.SoftVerbs, workload.RawTCP)
 		}
 		for _, b := range bases {
 			if b == "" {

@@ -51,7 +51,7 @@ func (r *Report) WriteSVG(w io.Writer) error {
 // colors gives each kind of transport one color: the raw transport's line is dashed,
 // rsock's over it solid.
 var colors = map[string]string{
-	workload.SoftVerbs: "#d62728", workload.RsockRDMA: "#d62728",
+	workload.SoftVerbs: "#d62728", workload.RsockRDMA: "#d62728", workload.SoftVerbs3Copy: "#9467bd",
 	workload.RawTCP: "#1f77b4", workload.RsockTCP: "#1f77b4",
 	workload.RawQUIC: "#2ca02c", workload.RsockQUIC: "#2ca02c",
 	workload.Unix: "#7f7f7f", workload.Pipe: "#ff7f0e",

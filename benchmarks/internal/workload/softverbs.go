@@ -124,13 +124,24 @@ func NewSoftPair(fab *soft.Fabric, srcSize, ringSize int) (x, y *SoftEndpoint, c
 // plays both sides, as a sender and a receiver sharing a core would: every 16 writes it
 // polls the one signaled send completion, and the receiver reaps 16 receive
 // completions and reposts their WQEs in one PostRecv.
-func softStream(ctl Control, env *Env, size int) (_ Metrics, err error) {
+//
+// With copies (SoftVerbs3Copy), it also makes the two copies a socket adds to the
+// provider's: each write first copies an application buffer into the registered source
+// region (a socket's staging), and the receiver copies each message out of the ring
+// into its own buffer as it reaps it. The ring is the same, so the difference to the
+// plain run is those copies alone.
+func softStream(ctl Control, env *Env, size int, copies bool) (_ Metrics, err error) {
 	ringSize := max(8*size, 1<<20)
 	x, y, closePair, err := NewSoftPair(env.fabric, size, ringSize)
 	if err != nil {
 		return Metrics{}, err
 	}
 	defer func() { err = errors.Join(err, closePair()) }()
+	var app, readBuf, ring []byte
+	if copies {
+		app, readBuf, ring = make([]byte, size), make([]byte, size), y.Ring.Bytes()
+	}
+	var received uint64 // messages copied out of the ring
 	wr := []verbs.SendWR{{
 		Opcode: verbs.OpRDMAWriteWithImm, Imm: uint32(size),
 		SGL:  []verbs.SGE{{Addr: x.Src.Addr(), Length: uint32(size), LKey: x.Src.LKey()}},
@@ -140,6 +151,9 @@ func softStream(ctl Control, env *Env, size int) (_ Metrics, err error) {
 	wc := make([]verbs.WorkCompletion, SoftSignalEvery)
 	var i uint64
 	for ctl.Next() {
+		if copies {
+			copy(x.Src.Bytes(), app)
+		}
 		wr[0].ID = i
 		wr[0].RemoteAddr = y.Ring.Addr() + i*uint64(size)%uint64(ringSize)
 		wr[0].Flags = 0
@@ -165,6 +179,11 @@ func softStream(ctl Control, env *Env, size int) (_ Metrics, err error) {
 				if c.Status != verbs.WCSuccess {
 					return Metrics{}, fmt.Errorf("receive completion %+v", c)
 				}
+				if copies {
+					off := received * uint64(size) % uint64(ringSize)
+					copy(readBuf, ring[off:min(off+uint64(c.ByteLen), uint64(ringSize))])
+					received++
+				}
 			}
 			got += n
 		}
@@ -183,13 +202,22 @@ func softStream(ctl Control, env *Env, size int) (_ Metrics, err error) {
 // PingPong64BOneGoroutine does: the provider's own round-trip cost, without the hand-off
 // between goroutines (or cores) that a two-party exchange adds. (Its two-goroutine
 // PingPong64B, each side spinning on its CQ, measures on a loaded machine mostly how
-// long the OS keeps a spinning thread off the CPU.)
-func softPingPong(ctl Control, env *Env, size int) (_ Metrics, err error) {
-	x, y, closePair, err := NewSoftPair(env.fabric, size, 1<<16)
+// long the OS keeps a spinning thread off the CPU.) Each message lands at the start of
+// a ring that holds it, 64 KiB at least.
+//
+// With copies (SoftVerbs3Copy), each hop also copies the message from an application
+// buffer into the sender's registered source region before posting it, and out of the
+// receiver's ring into an application buffer after reaping it, as a socket must.
+func softPingPong(ctl Control, env *Env, size int, copies bool) (_ Metrics, err error) {
+	x, y, closePair, err := NewSoftPair(env.fabric, size, max(size, 1<<16))
 	if err != nil {
 		return Metrics{}, err
 	}
 	defer func() { err = errors.Join(err, closePair()) }()
+	var app []byte
+	if copies {
+		app = make([]byte, size)
+	}
 	flags := verbs.SendFlags(0)
 	if size <= 64 {
 		flags = verbs.SendInline
@@ -206,6 +234,9 @@ func softPingPong(ctl Control, env *Env, size int) (_ Metrics, err error) {
 	wc := make([]verbs.WorkCompletion, 1)
 	// hop moves one message: post it on from, reap it on to's receive CQ, repost there.
 	hop := func(wr []verbs.SendWR, from, to *SoftEndpoint, i int) error {
+		if copies {
+			copy(from.Src.Bytes(), app)
+		}
 		wr[0].ID, wr[0].Imm, wr[0].Flags = uint64(i), uint32(i), flags
 		if i%SoftSignalEvery == SoftSignalEvery-1 {
 			wr[0].Flags |= verbs.SendSignaled
@@ -215,6 +246,9 @@ func softPingPong(ctl Control, env *Env, size int) (_ Metrics, err error) {
 		}
 		if n, err := to.RCQ.Poll(wc); err != nil || n != 1 || wc[0].Status != verbs.WCSuccess || wc[0].Imm != uint32(i) {
 			return fmt.Errorf("receive %d: %d %v %+v", i, n, err, wc[0])
+		}
+		if copies {
+			copy(app, to.Ring.Bytes()[:wc[0].ByteLen])
 		}
 		repost[0].ID = wc[0].WRID
 		if err := to.QP.PostRecv(repost); err != nil {

@@ -17,7 +17,7 @@ const finishTimeout = 30 * time.Second
 // runStream writes p.Size-byte buffers on one connection, which the server drains.
 func runStream(ctl Control, env *Env, p Params) (Metrics, error) {
 	if env.Transport.Raw {
-		return softStream(ctl, env, p.Size)
+		return softStream(ctl, env, p.Size, env.Transport.Name == SoftVerbs3Copy)
 	}
 	c, err := openDrain(env, p.Size)
 	if err != nil {
@@ -76,7 +76,7 @@ func finishDrain(c net.Conn, sent uint64) error {
 // runPingPong sends a p.Size-byte message and waits for its echo, one at a time.
 func runPingPong(ctl Control, env *Env, p Params) (Metrics, error) {
 	if env.Transport.Raw {
-		return softPingPong(ctl, env, p.Size)
+		return softPingPong(ctl, env, p.Size, env.Transport.Name == SoftVerbs3Copy)
 	}
 	c, err := env.open(context.Background(), roleEcho, p.Size)
 	if err != nil {

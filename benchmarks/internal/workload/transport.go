@@ -25,13 +25,15 @@ import (
 // Transport names, as benchmark names and rsockperf's tables spell them.
 const (
 	SoftVerbs = "SoftVerbs"
-	RsockRDMA = "RsockRDMA"
-	RawTCP    = "RawTCP"
-	RsockTCP  = "RsockTCP"
-	RawQUIC   = "RawQUIC"
-	RsockQUIC = "RsockQUIC"
-	Unix      = "Unix"
-	Pipe      = "Pipe"
+	// SoftVerbs3Copy is SoftVerbs making the copies a socket must (softverbs.go).
+	SoftVerbs3Copy = "SoftVerbs3Copy"
+	RsockRDMA      = "RsockRDMA"
+	RawTCP         = "RawTCP"
+	RsockTCP       = "RsockTCP"
+	RawQUIC        = "RawQUIC"
+	RsockQUIC      = "RsockQUIC"
+	Unix           = "Unix"
+	Pipe           = "Pipe"
 )
 
 // RsockRDMATLS is rsock upgraded to RDMA from a QUIC bootstrap: TLS 1.3 over the RDMA
@@ -57,7 +59,9 @@ type Transport struct {
 var transports = []Transport{
 	{Name: SoftVerbs, Kind: "rdma", Raw: true, LocalOnly: true,
 		Desc: "raw verbs/soft RDMA_WRITE_WITH_IMM into a ring, one goroutine driving both QPs: the ceiling of RDMA over soft"},
-	{Name: RsockRDMA, Kind: "rdma", Baseline: SoftVerbs,
+	{Name: SoftVerbs3Copy, Kind: "rdma", Raw: true, LocalOnly: true, Baseline: SoftVerbs,
+		Desc: "SoftVerbs making a socket's three copies (application buffer into registered staging, staging into the ring by the provider, ring into the reader's buffer): the ceiling of a copying socket over soft"},
+	{Name: RsockRDMA, Kind: "rdma", Baseline: SoftVerbs3Copy,
 		Desc: "rsock.Conn upgraded to RDMA (verbs/soft in one process)"},
 	{Name: RsockRDMATLS, Kind: "rdma", Baseline: RsockRDMA,
 		Desc: "rsock.Conn upgraded to RDMA from a QUIC bootstrap: TLS 1.3 over the RDMA stream (verbs/soft in one process)"},

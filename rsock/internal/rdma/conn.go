@@ -109,6 +109,8 @@ type Conn struct {
 	started          bool       // Start was called: the control channel is the Conn's
 	proof            proofState // the peer's proof (conn_proof.go)
 	proofSlot        []byte     // where the proof WQE takes it: ProofMaxLen bytes of the mailbox
+
+	stats connStats // counters and tracing hooks (stats.go)
 }
 
 // queuePair is what a Conn needs of its QP once connected: posting, its number, and
@@ -211,6 +213,7 @@ func (c *Conn) failLocked(err error) {
 	signal(c.drained)
 	c.finishProofLocked(0, err)
 	if first && !c.closing {
+		c.stats.failed(err)
 		c.qp.ToError()
 		if c.started {
 			c.ctrl.SetReadDeadline(aLongTimeAgo)

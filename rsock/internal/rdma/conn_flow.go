@@ -52,6 +52,7 @@ func (c *Conn) onCompletion(wc *verbs.WorkCompletion) {
 		return
 	}
 	if wc.Status != verbs.WCSuccess {
+		c.stats.completionFailed(wc.Status)
 		c.mu.Lock()
 		c.failLocked(qpError("completion", wc.Err()))
 		c.mu.Unlock()
@@ -97,6 +98,7 @@ func (c *Conn) onRecv(wc *verbs.WorkCompletion) {
 	}
 	if a.Len > 0 {
 		c.dataArrivals++
+		c.stats.received(a.Len)
 		c.spillLocked()
 		c.maybeGrowLocked(a.Len)
 	}

@@ -80,8 +80,9 @@ func (c *Conn) writeSome(p []byte, r io.Reader) (int, error) {
 			}
 			return m, rerr
 		}
+		noCredit := c.fc.Writable() == 0
 		c.mu.Unlock()
-		if err := c.waitWritable(); err != nil {
+		if err := c.waitCredit(noCredit); err != nil {
 			return 0, err
 		}
 	}
@@ -159,7 +160,8 @@ func (c *Conn) postStaged(n int) error {
 			c.mu.Unlock()
 			return err
 		}
-		if c.sqDepth-(c.sqPosted-c.sqDone) >= 2 && c.fc.Writable() > 0 {
+		credit := c.fc.Writable() > 0
+		if c.sqDepth-(c.sqPosted-c.sqDone) >= 2 && credit {
 			m, err := c.postStagedLocked(n)
 			n -= m
 			if err != nil {
@@ -169,7 +171,7 @@ func (c *Conn) postStaged(n int) error {
 		}
 		c.mu.Unlock()
 		if n > 0 {
-			if err := c.waitWritable(); err != nil {
+			if err := c.waitCredit(!credit); err != nil {
 				return err
 			}
 		}
@@ -201,6 +203,7 @@ func (c *Conn) postStagedLocked(n int) (int, error) {
 	if err := c.postLocked(res.Count); err != nil {
 		return 0, err
 	}
+	c.stats.sent(res.Count, res.Bytes)
 	return res.Bytes, nil
 }
 
