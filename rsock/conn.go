@@ -284,8 +284,13 @@ func (c *Conn) closeBeforeReply() (bool, error) {
 	if err != nil {
 		return false, nil
 	}
-	c.tcp.CloseWrite()
+	// Close before the half-close, on the duplicate: a Write racing Close then finds
+	// the Conn closed (net.ErrClosed), never a socket whose writing side is shut down
+	// (EPIPE).
 	err = c.tcp.Close()
+	if kt, ok := keep.(*net.TCPConn); ok {
+		kt.CloseWrite()
+	}
 	reply := c.reply
 	c.reply = nil
 	c.pending.Store(false)
