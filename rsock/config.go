@@ -72,7 +72,9 @@ type Config struct {
 
 	// DisableRDMA keeps connections on the fallback transport even when a provider is
 	// configured or available: this side neither offers nor accepts RDMA, and says so
-	// with [ErrNoProvider].
+	// with [ErrNoProvider]. The environment variable RSOCK_DISABLE_RDMA=1
+	// ([EnvDisableRDMA]) sets it for every Config of the process, and wins over a
+	// Config that leaves it false.
 	DisableRDMA bool
 
 	// Fallback is the transport connections start on, and stay on without RDMA.
@@ -128,8 +130,15 @@ type Config struct {
 	// DefaultPlainSniffTimeout.
 	PlainSniffTimeout time.Duration
 
-	// Logger receives a Listener's reports of failed handshakes and accept errors.
-	// Nil discards them.
+	// Logger receives a Listener's reports: at WARN, clients refused because they speak
+	// no rsock (with a hint about AcceptPlainClients) and accept errors; at INFO, other
+	// failed handshakes; at DEBUG, each accepted connection with its transport and
+	// fallback reason.
+	//
+	// Nil logs WARN and above to [slog.Default] (the standard logger's output, stderr,
+	// unless the program set another default), as net/http logs failed TLS handshakes to
+	// stderr: a server that refuses every curl must not do so in silence. To log
+	// nothing, set slog.New(slog.DiscardHandler).
 	Logger *slog.Logger
 
 	// The fields below are used only on the RDMA transport. Zero selects the RDMA
@@ -257,8 +266,11 @@ func (c *Config) resolve() (*Config, error) {
 	if r.MaxRegisteredMemoryPerListener == 0 {
 		r.MaxRegisteredMemoryPerListener = DefaultMaxRegisteredMemoryPerListener
 	}
+	if err := r.applyEnv(processEnv()); err != nil { // env.go
+		return nil, err
+	}
 	if r.Logger == nil {
-		r.Logger = slog.New(slog.DiscardHandler)
+		r.Logger = defaultLogger() // listener_log.go
 	}
 	if err := r.check(); err != nil { // config_check.go
 		return nil, err

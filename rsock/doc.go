@@ -111,6 +111,14 @@
 // only into its own connection's ring: a write aimed at another connection's ring,
 // with its rkey, fails with a remote access error and ends the writer's connection.
 //
+// A Listener logs through [Config.Logger]; without one, WARN and above go to
+// [log/slog.Default], so that a server refusing clients that speak no rsock (curl, a
+// stock http.Client, without [Config.AcceptPlainClients]) says so and how to serve them.
+//
+// The environment variable RSOCK_DISABLE_RDMA=1 ([EnvDisableRDMA]) turns RDMA off for
+// every Listener and Dialer of the process, whatever their Config says: an operator's
+// switch for a deployed binary. It is read once.
+//
 // # Security
 //
 // What travels in plaintext depends on the bootstrap transport, and rsock keeps what the
