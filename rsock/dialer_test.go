@@ -14,6 +14,7 @@ import (
 
 	"github.com/rsockio/rsock/fallback"
 	"github.com/rsockio/rsock/internal/testcert"
+	"github.com/rsockio/rsock/verbs"
 	"github.com/rsockio/rsock/verbs/soft"
 )
 
@@ -213,4 +214,35 @@ func dialAccept(t *testing.T, d *Dialer, ln *Listener) (client, server *Conn) {
 	s, err := ln.AcceptRsock()
 	require.NoError(t, err)
 	return c, s
+}
+
+// TestDialerLocalAddrPicksDevice: the RDMA device is the one that holds the bootstrap
+// connection's local IP, so LocalAddr picks it. soft's device i holds 127.0.0.(i+1);
+// soft0's port is down, so a client dialing from the default source, 127.0.0.1, has no
+// device, and one dialing from 127.0.0.2 upgrades on soft1.
+func TestDialerLocalAddrPicksDevice(t *testing.T) {
+	fab := soft.New(soft.Options{Devices: 3})
+	require.NoError(t, fab.SetPortState("soft0", 1, verbs.PortDown))
+	scfg, ccfg := rdmaConfigs(t, FallbackTCP, fab)
+	ln, err := Listen("tcp", "127.0.0.3:0", scfg) // soft2
+	require.NoError(t, err)
+	defer ln.Close()
+	tests := []struct {
+		laddr     net.Addr
+		transport string
+	}{
+		{nil, TransportTCP},
+		{&net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}, TransportRDMA},
+	}
+	for _, tt := range tests {
+		c, s := dialAccept(t, &Dialer{Config: ccfg, LocalAddr: tt.laddr}, ln)
+		require.Equal(t, tt.transport, c.Transport(), "client from %v: %v", tt.laddr, c.FallbackReason())
+		if tt.transport == TransportTCP {
+			require.ErrorIs(t, c.FallbackReason(), ErrNoDevice)
+			require.ErrorContains(t, c.FallbackReason(), "soft0")
+		}
+		c.Close()
+		s.Close()
+	}
+	requireReleased(t, fab)
 }
