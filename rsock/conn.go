@@ -240,7 +240,8 @@ func (c *Conn) CloseWrite() error {
 }
 
 // Close closes the connection. Blocked Reads and Writes return errors matching
-// [net.ErrClosed].
+// [net.ErrClosed], and so do, on every transport, a second Close and the methods
+// called after Close (Read, Write, the deadline setters).
 //
 // Over RDMA, Close waits up to [Config.Linger] for the peer's device to acknowledge the
 // bytes Write accepted and the end of the stream. A nil error means every one of them

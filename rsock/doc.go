@@ -70,7 +70,10 @@
 // the peer's. These are not errors of the connection, which works. A handshake that
 // fails (garbage, a truncated or oversized hello, an answer of an unknown version, a
 // peer that does not speak rsock) fails the connection with an error matching
-// [ErrBadHello], [ErrVersionMismatch] or [ErrNotRsockPeer].
+// [ErrBadHello], [ErrVersionMismatch] or [ErrNotRsockPeer]. Listen and Dial refuse a
+// [Config] field out of its range with an error matching [ErrInvalidConfig] that names
+// the field and the range; a dial whose context ends fails with an error matching the
+// context's (context.Canceled or context.DeadlineExceeded), whatever step it was in.
 //
 // # Failures
 //
