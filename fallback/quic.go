@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -47,6 +48,13 @@ type QUICOptions struct {
 	// MaxPending bounds the connections a listener holds that are waiting for their
 	// stream or for Accept. Default DefaultMaxPending.
 	MaxPending int
+
+	// LocalAddr is the address a dialer's UDP socket binds to; nil picks one, as
+	// net.ListenUDP does. Listeners ignore it.
+	LocalAddr *net.UDPAddr
+	// Control, if not nil, is called with a dialer's UDP socket before it binds, as
+	// [net.ListenConfig.Control] is. Listeners ignore it.
+	Control func(network, address string, c syscall.RawConn) error
 }
 
 func (o *QUICOptions) withDefaults() (QUICOptions, error) {
@@ -115,7 +123,12 @@ func DialQUIC(ctx context.Context, network, address string, opts *QUICOptions) (
 	if err != nil {
 		return nil, fmt.Errorf("fallback: dial quic %s: %w", address, err)
 	}
-	pc, err := net.ListenUDP(udpNet, nil)
+	var laddr string
+	if o.LocalAddr != nil {
+		laddr = o.LocalAddr.String()
+	}
+	lc := net.ListenConfig{Control: o.Control}
+	pc, err := lc.ListenPacket(ctx, udpNet, laddr)
 	if err != nil {
 		return nil, fmt.Errorf("fallback: dial quic %s: %w", address, err)
 	}

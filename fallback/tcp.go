@@ -13,10 +13,15 @@ import (
 // DialTCP connects to address over TCP. keepAlive is the keep-alive period as in
 // [net.Dialer.KeepAlive]: zero selects the system default, negative disables it.
 func DialTCP(ctx context.Context, network, address string, keepAlive time.Duration) (*net.TCPConn, error) {
+	return DialTCPWith(ctx, &net.Dialer{KeepAlive: keepAlive}, network, address)
+}
+
+// DialTCPWith connects to address over TCP with d, whose fields (LocalAddr, Timeout,
+// KeepAlive, Control...) apply as net.Dialer documents them.
+func DialTCPWith(ctx context.Context, d *net.Dialer, network, address string) (*net.TCPConn, error) {
 	if err := checkTCPNetwork(network); err != nil {
 		return nil, err
 	}
-	d := net.Dialer{KeepAlive: keepAlive}
 	c, err := d.DialContext(ctx, network, address)
 	if err != nil {
 		return nil, err

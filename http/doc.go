@@ -34,6 +34,12 @@
 //	// in the handler:
 //	log.Printf("%s %s over %s", r.Method, r.URL, rsockhttp.ConnTransport(r))
 //
+// [Conn] returns the [*rsock.Conn] itself, for its fallback reason and the rest:
+//
+//	if c := rsockhttp.Conn(r); c != nil && c.FallbackReason() != nil {
+//		log.Printf("not on RDMA: %v", c.FallbackReason())
+//	}
+//
 // # Plain clients
 //
 // With [rsock.Config.AcceptPlainClients], the same server also answers clients that do

@@ -1,12 +1,9 @@
 package rsock
 
 import (
-	"cmp"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"log/slog"
-	"math/bits"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -64,7 +61,8 @@ const (
 )
 
 // Config configures Listen, Dial and Dialer. A nil *Config, and each zero field, means
-// the default. A Config may be shared by many Listeners and Dialers; it must not be
+// the default. Listen and Dial refuse a field out of its range, with an error matching
+// [ErrInvalidConfig] that names the field and the range. A Config may be shared by many Listeners and Dialers; it must not be
 // modified while they use it.
 type Config struct {
 	// Provider is the RDMA provider. Nil selects the default provider; this build has
@@ -74,7 +72,9 @@ type Config struct {
 
 	// DisableRDMA keeps connections on the fallback transport even when a provider is
 	// configured or available: this side neither offers nor accepts RDMA, and says so
-	// with [ErrNoProvider].
+	// with [ErrNoProvider]. The environment variable RSOCK_DISABLE_RDMA=1
+	// ([EnvDisableRDMA]) sets it for every Config of the process, and wins over a
+	// Config that leaves it false.
 	DisableRDMA bool
 
 	// Fallback is the transport connections start on, and stay on without RDMA.
@@ -130,8 +130,15 @@ type Config struct {
 	// DefaultPlainSniffTimeout.
 	PlainSniffTimeout time.Duration
 
-	// Logger receives a Listener's reports of failed handshakes and accept errors.
-	// Nil discards them.
+	// Logger receives a Listener's reports: at WARN, clients refused because they speak
+	// no rsock (with a hint about AcceptPlainClients) and accept errors; at INFO, other
+	// failed handshakes; at DEBUG, each accepted connection with its transport and
+	// fallback reason.
+	//
+	// Nil logs WARN and above to [slog.Default] (the standard logger's output, stderr,
+	// unless the program set another default), as net/http logs failed TLS handshakes to
+	// stderr: a server that refuses every curl must not do so in silence. To log
+	// nothing, set slog.New(slog.DiscardHandler).
 	Logger *slog.Logger
 
 	// Tracer, if set, is called for each connection as Dial returns it or Accept hands
@@ -157,10 +164,10 @@ type Config struct {
 	// (a RingSize of 128 KiB or more without GrowRingTo is fixed too).
 	GrowRingTo int
 	// SendBufferSize is the size in bytes of each connection's registered send staging
-	// buffer.
+	// buffer, 1 KiB to 1 GiB. Default 64 KiB.
 	SendBufferSize int
-	// RecvWQEs is the number of receive work requests each connection keeps posted;
-	// it is the peer's initial work-request credit.
+	// RecvWQEs is the number of receive work requests each connection keeps posted,
+	// 8 to 32768; it is the peer's initial work-request credit. Default 64.
 	RecvWQEs int
 	// MaxRDMAConns, if positive, caps the RDMA connections open at once on each RDMA
 	// device of the process (the count is per device, shared by every Config that uses
@@ -265,37 +272,14 @@ func (c *Config) resolve() (*Config, error) {
 	if r.MaxRegisteredMemoryPerListener == 0 {
 		r.MaxRegisteredMemoryPerListener = DefaultMaxRegisteredMemoryPerListener
 	}
-	if r.Logger == nil {
-		r.Logger = slog.New(slog.DiscardHandler)
+	if err := r.applyEnv(processEnv()); err != nil { // env.go
+		return nil, err
 	}
-	switch {
-	case r.Fallback != FallbackTCP && r.Fallback != FallbackQUIC:
-		return nil, fmt.Errorf("unknown fallback transport %v", r.Fallback)
-	case r.Fallback == FallbackQUIC && r.TLSConfig == nil:
-		return nil, errors.New("the QUIC fallback needs Config.TLSConfig")
-	case r.HandshakeTimeout < 0 || r.PlainSniffTimeout < 0:
-		return nil, errors.New("negative timeout")
-	case r.MaxConcurrentHandshakes < 0:
-		return nil, fmt.Errorf("negative MaxConcurrentHandshakes %d", r.MaxConcurrentHandshakes)
-	case r.RingSize != 0 && (r.RingSize < 1<<minRingLog2 || r.RingSize > 1<<maxRingLog2 || bits.OnesCount(uint(r.RingSize)) != 1):
-		return nil, fmt.Errorf("RingSize %d is not a power of two from 4 KiB to 1 GiB", r.RingSize)
-	case r.GrowRingTo > 0 && (r.GrowRingTo > 512<<10 || bits.OnesCount(uint(r.GrowRingTo)) != 1 ||
-		r.GrowRingTo < cmp.Or(r.RingSize, rdma.DefaultRingSize)):
-		return nil, fmt.Errorf("GrowRingTo %d is not a power of two from RingSize to 512 KiB", r.GrowRingTo)
-	case r.SendBufferSize < 0:
-		return nil, fmt.Errorf("negative SendBufferSize %d", r.SendBufferSize)
-	case r.RecvWQEs < 0:
-		return nil, fmt.Errorf("negative RecvWQEs %d", r.RecvWQEs)
-	case r.MaxRegisteredMemory < 0:
-		return nil, fmt.Errorf("negative MaxRegisteredMemory %d", r.MaxRegisteredMemory)
-	case r.ReadBufferSize > rdma.MaxReadBufferSize:
-		return nil, fmt.Errorf("ReadBufferSize %d is above 1 GiB", r.ReadBufferSize)
-	case r.TrafficClass < 0 || r.TrafficClass > 255:
-		return nil, fmt.Errorf("TrafficClass %d is not in 0..255 (DSCP<<2 | ECN)", r.TrafficClass)
-	case r.ServiceLevel < 0 || r.ServiceLevel > 15:
-		return nil, fmt.Errorf("ServiceLevel %d is not in 0..15", r.ServiceLevel)
-	case r.RoCEVersion < 0 || r.RoCEVersion > 2:
-		return nil, fmt.Errorf("RoCEVersion %d is not 1 or 2 (0: no preference)", r.RoCEVersion)
+	if r.Logger == nil {
+		r.Logger = defaultLogger() // listener_log.go
+	}
+	if err := r.check(); err != nil { // config_check.go
+		return nil, err
 	}
 	return r, nil
 }

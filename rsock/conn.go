@@ -244,7 +244,8 @@ func (c *Conn) CloseWrite() error {
 }
 
 // Close closes the connection. Blocked Reads and Writes return errors matching
-// [net.ErrClosed].
+// [net.ErrClosed], and so do, on every transport, a second Close and the methods
+// called after Close (Read, Write, the deadline setters).
 //
 // Over RDMA, Close waits up to [Config.Linger] for the peer's device to acknowledge the
 // bytes Write accepted and the end of the stream. A nil error means every one of them
@@ -289,8 +290,13 @@ func (c *Conn) closeBeforeReply() (bool, error) {
 	if err != nil {
 		return false, nil
 	}
-	c.tcp.CloseWrite()
+	// Close before the half-close, on the duplicate: a Write racing Close then finds
+	// the Conn closed (net.ErrClosed), never a socket whose writing side is shut down
+	// (EPIPE).
 	err = c.tcp.Close()
+	if kt, ok := keep.(*net.TCPConn); ok {
+		kt.CloseWrite()
+	}
 	reply := c.reply
 	c.reply = nil
 	c.pending.Store(false)

@@ -6,9 +6,8 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"syscall"
 	"time"
-
-	"github.com/rsockio/rsock/fallback"
 )
 
 // Dial connects to address on the named network ("tcp", "tcp4" or "tcp6") with cfg
@@ -20,10 +19,31 @@ func Dial(network, address string, cfg *Config) (*Conn, error) {
 
 // Dialer dials rsock connections. Its DialContext fits
 // [net/http.Transport.DialContext], and its DialAddr fits grpc.WithContextDialer.
-// The zero value dials with default settings.
+// The zero value dials with default settings. Besides Config, it has the fields of
+// [net.Dialer] a client most often sets, with the same meaning.
 type Dialer struct {
 	// Config is the configuration; nil means the defaults.
 	Config *Config
+
+	// LocalAddr is the local address to dial from: a *net.TCPAddr (or a *net.UDPAddr)
+	// whose IP and port the bootstrap connection binds, over TCP or, with
+	// FallbackQUIC, UDP. Nil lets the system choose. It also chooses the RDMA device:
+	// on RoCE the device and GID are the ones that hold the bootstrap connection's
+	// local IP, so on a host with several RDMA NICs LocalAddr picks the NIC.
+	LocalAddr net.Addr
+	// Timeout, if positive, bounds the whole dial, connection and handshake, as a
+	// deadline on DialContext's ctx would: a dial that overruns it returns an error
+	// matching context.DeadlineExceeded. It adds to Config.HandshakeTimeout, which
+	// bounds the handshake alone.
+	Timeout time.Duration
+	// KeepAlive, if not zero, replaces Config.KeepAlive for this Dialer's
+	// connections (the bootstrap connection's keep-alive period and, over RDMA, the
+	// liveness probe's); negative disables keep-alive.
+	KeepAlive time.Duration
+	// Control, if not nil, is called with the bootstrap socket before it connects
+	// (TCP) or binds (QUIC's UDP socket), as [net.Dialer.Control] is: to set socket
+	// options, a firewall mark, a VRF. Its error fails the dial.
+	Control func(network, address string, c syscall.RawConn) error
 }
 
 // Dial is DialContext with a background context.
@@ -73,23 +93,21 @@ func (d *Dialer) DialRsock(ctx context.Context, network, address string) (*Conn,
 	if err := checkNetwork(network); err != nil {
 		return nil, fmt.Errorf("rsock: dial %s: %w", address, err)
 	}
-	var boot bootConn
-	transport := TransportTCP
-	switch cfg.Fallback {
-	case FallbackQUIC:
-		transport = TransportQUIC
+	if d.KeepAlive != 0 {
+		cfg.KeepAlive = d.KeepAlive // cfg is resolve's copy
+	}
+	if d.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d.Timeout)
+		defer cancel()
+	}
+	if cfg.Fallback == FallbackQUIC {
 		if host, _, err := net.SplitHostPort(address); err == nil {
 			cfg = withServerName(cfg, host) // the TLS over RDMA verifies what QUIC verifies
 		}
-		boot, err = fallback.DialQUIC(ctx, network, address, &fallback.QUICOptions{
-			TLSConfig:  cfg.TLSConfig,
-			QUICConfig: cfg.QUICConfig,
-			KeepAlive:  cfg.KeepAlive,
-		})
-	default:
-		boot, err = fallback.DialTCP(ctx, network, address, cfg.KeepAlive)
 	}
-	if err != nil {
+	boot, transport, err := d.dialBoot(ctx, cfg, network, address) // dialer.go
+	if err = ctxError(ctx, err); err != nil {
 		return nil, fmt.Errorf("rsock: dial %s: %w", address, err)
 	}
 	c, err := clientHandshake(ctx, &dialState{cfg: cfg, boot: boot, transport: transport})
@@ -122,7 +140,7 @@ func clientHandshake(ctx context.Context, d *dialState) (*Conn, error) {
 	if err != nil && timedOut && errors.Is(err, context.DeadlineExceeded) {
 		err = fmt.Errorf("%w (handshake timeout %v): %w", err, d.cfg.HandshakeTimeout, os.ErrDeadlineExceeded)
 	}
-	if err != nil {
+	if err = ctxError(ctx, err); err != nil { // dialer.go: a ctx that ended shows in err
 		if c != nil {
 			c.Close()
 		}

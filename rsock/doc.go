@@ -70,7 +70,10 @@
 // the peer's. These are not errors of the connection, which works. A handshake that
 // fails (garbage, a truncated or oversized hello, an answer of an unknown version, a
 // peer that does not speak rsock) fails the connection with an error matching
-// [ErrBadHello], [ErrVersionMismatch] or [ErrNotRsockPeer].
+// [ErrBadHello], [ErrVersionMismatch] or [ErrNotRsockPeer]. Listen and Dial refuse a
+// [Config] field out of its range with an error matching [ErrInvalidConfig] that names
+// the field and the range; a dial whose context ends fails with an error matching the
+// context's (context.Canceled or context.DeadlineExceeded), whatever step it was in.
 //
 // # Failures
 //
@@ -122,6 +125,14 @@
 // sides. Each RDMA connection has a protection domain of its own, so a peer can write
 // only into its own connection's ring: a write aimed at another connection's ring,
 // with its rkey, fails with a remote access error and ends the writer's connection.
+//
+// A Listener logs through [Config.Logger]; without one, WARN and above go to
+// [log/slog.Default], so that a server refusing clients that speak no rsock (curl, a
+// stock http.Client, without [Config.AcceptPlainClients]) says so and how to serve them.
+//
+// The environment variable RSOCK_DISABLE_RDMA=1 ([EnvDisableRDMA]) turns RDMA off for
+// every Listener and Dialer of the process, whatever their Config says: an operator's
+// switch for a deployed binary. It is read once.
 //
 // # Security
 //

@@ -62,6 +62,11 @@ var (
 	ErrBadHello = errors.New("malformed hello")
 )
 
+// ErrInvalidConfig: a [Config] field is out of its range. Listen and Dial return it,
+// wrapped with the field, its value and the range allowed, before they touch the
+// network.
+var ErrInvalidConfig = errors.New("invalid Config")
+
 // FallbackError says why a connection does not run over RDMA. Its text reads like
 // "rsock: upgrade to rdma: peer declined: no RDMA device".
 type FallbackError struct {

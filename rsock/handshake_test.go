@@ -519,40 +519,6 @@ func TestListenerClose(t *testing.T) {
 	}
 }
 
-func TestConfigErrors(t *testing.T) {
-	tests := []struct {
-		name    string
-		network string
-		cfg     *Config
-		err     string
-	}{
-		{"quic without tls", "tcp", &Config{Fallback: FallbackQUIC}, "needs Config.TLSConfig"},
-		{"unknown fallback", "tcp", &Config{Fallback: 7}, "unknown fallback transport Fallback(7)"},
-		{"udp", "udp", nil, "unknown network udp"},
-		{"unix", "unix", nil, "unknown network unix"},
-		{"ring size", "tcp", &Config{RingSize: 5000}, "RingSize 5000"},
-		{"negative timeout", "tcp", &Config{HandshakeTimeout: -1}, "negative timeout"},
-		{"negative send buffer", "tcp", &Config{SendBufferSize: -1}, "negative SendBufferSize -1"},
-		{"negative receive WQEs", "tcp", &Config{RecvWQEs: -1}, "negative RecvWQEs -1"},
-		{"read buffer", "tcp", &Config{ReadBufferSize: 2 << 30}, "ReadBufferSize 2147483648 is above 1 GiB"},
-		{"negative memory budget", "tcp", &Config{MaxRegisteredMemory: -1}, "negative MaxRegisteredMemory -1"},
-		{"ring growth past 512 KiB", "tcp", &Config{RingSize: 8 << 10, GrowRingTo: 1 << 20}, "GrowRingTo 1048576"},
-		{"ring growth below the ring", "tcp", &Config{RingSize: 64 << 10, GrowRingTo: 32 << 10}, "GrowRingTo 32768"},
-		{"ring growth below the default ring", "tcp", &Config{GrowRingTo: 4 << 10}, "GrowRingTo 4096"},
-		{"ring growth not a power of two", "tcp", &Config{RingSize: 8 << 10, GrowRingTo: 100 << 10}, "GrowRingTo 102400"},
-		{"traffic class", "tcp", &Config{TrafficClass: 256}, "TrafficClass 256 is not in 0..255"},
-		{"negative traffic class", "tcp", &Config{TrafficClass: -1}, "TrafficClass -1 is not in 0..255"},
-		{"service level", "tcp", &Config{ServiceLevel: 16}, "ServiceLevel 16 is not in 0..15"},
-		{"RoCE version", "tcp", &Config{RoCEVersion: 3}, "RoCEVersion 3 is not 1 or 2"},
-	}
-	for _, tt := range tests {
-		_, err := Listen(tt.network, "127.0.0.1:0", tt.cfg)
-		require.ErrorContains(t, err, tt.err, "Listen, %s", tt.name)
-		_, err = Dial(tt.network, "127.0.0.1:1", tt.cfg)
-		require.ErrorContains(t, err, tt.err, "Dial, %s", tt.name)
-	}
-}
-
 func TestDialCancelled(t *testing.T) {
 	for _, f := range transports {
 		scfg, ccfg := configs(t, f)

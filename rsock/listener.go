@@ -214,11 +214,12 @@ func (l *Listener) serve(raw bootConn, transport string) {
 	if err != nil {
 		if !l.isClosed() {
 			metrics.handshakeFailed(err)
-			l.cfg.Logger.Info("rsock: handshake failed", "remote", raw.RemoteAddr().String(), "transport", transport, "err", err)
+			l.logHandshakeFailure(raw.RemoteAddr(), transport, err) // listener_log.go
 		}
 		raw.Close()
 		return
 	}
+	l.logAccepted(c)
 	select {
 	case l.conns <- c:
 	case <-l.ctx.Done():

@@ -73,7 +73,7 @@ func (b *logBuffer) String() string {
 }
 
 func (b *logBuffer) logger() *slog.Logger {
-	return slog.New(slog.NewTextHandler(b, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	return slog.New(slog.NewTextHandler(b, &slog.HandlerOptions{Level: slog.LevelInfo}))
 }
 
 // fakeProvider is an RDMA provider with no devices. It stands for "a provider is

@@ -23,6 +23,9 @@ func defaultProvider() (verbs.Provider, error) {
 // provider returns the provider of a resolved Config: its own, or the default.
 func (c *Config) provider() (verbs.Provider, error) {
 	if c.DisableRDMA {
+		if processEnv().disableRDMA { // env.go
+			return nil, errRDMADisabledByEnv
+		}
 		return nil, errRDMADisabled
 	}
 	if c.Provider != nil {

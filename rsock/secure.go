@@ -187,10 +187,18 @@ type tlsStream struct {
 }
 
 // Close closes the TLS stream and the RDMA stream under it. As the RDMA stream's own
-// Close, a second call waits for the first to finish and returns its result (crypto/tls
-// would return at once, before the RDMA resources are released).
+// Close, a second call waits for the first to finish (crypto/tls would return at once,
+// before the RDMA resources are released), then returns an error matching
+// net.ErrClosed.
 func (s *tlsStream) Close() error {
-	s.closeOnce.Do(func() { s.closeErr = s.Conn.Close() })
+	first := false
+	s.closeOnce.Do(func() {
+		first = true
+		s.closeErr = s.Conn.Close()
+	})
+	if !first {
+		return fmt.Errorf("rsock: close: %w", net.ErrClosed)
+	}
 	return s.closeErr
 }
 

@@ -2,6 +2,11 @@
 // prints what comes back, and which transport carried it.
 //
 //	go run ./examples/echo/client -addr 127.0.0.1:7000 -msg "hello, rsock"
+//
+// With -quic it dials over QUIC, trusting the server certificate of -ca (for a server
+// run with -quic and a self-signed certificate, the certificate file it wrote):
+//
+//	go run ./examples/echo/client -quic -ca echo-cert.pem
 package main
 
 import (
@@ -13,20 +18,40 @@ import (
 	"os"
 	"time"
 
+	"github.com/rsockio/rsock/examples/internal/examplecert"
 	"github.com/rsockio/rsock/rsock"
 )
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:7000", "address of the echo server")
 	msg := flag.String("msg", "hello, rsock", "message to send")
+	useQUIC := flag.Bool("quic", false, "dial over QUIC rather than TCP; needs -ca")
+	caFile := flag.String("ca", "echo-cert.pem", "with -quic: the certificate (PEM) to trust for the server")
 	flag.Parse()
 
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	// A nil Config: RDMA when both ends have a device, TCP otherwise.
-	if err := run(ctx, *addr, nil, *msg, os.Stdout); err != nil {
+	cfg, err := config(*useQUIC, *caFile)
+	if err != nil {
 		log.Fatal(err)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := run(ctx, *addr, cfg, *msg, os.Stdout); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// config returns the client's Config: nil, the defaults (RDMA when both ends have a
+// device, TCP otherwise), or with useQUIC the QUIC fallback, trusting the certificates
+// of caFile.
+func config(useQUIC bool, caFile string) (*rsock.Config, error) {
+	if !useQUIC {
+		return nil, nil
+	}
+	tlsConfig, err := examplecert.ClientConfig(caFile)
+	if err != nil {
+		return nil, err
+	}
+	return &rsock.Config{Fallback: rsock.FallbackQUIC, TLSConfig: tlsConfig}, nil
 }
 
 // run sends msg to the echo server at addr, closes its side and reads the answer.

@@ -14,6 +14,7 @@ import (
 	"context"
 	"flag"
 	"log"
+	"log/slog"
 	"net"
 	"os"
 	"os/signal"
@@ -32,9 +33,10 @@ func main() {
 	addr := flag.String("addr", "127.0.0.1:9090", "address to listen on")
 	flag.Parse()
 
-	// The one change from a net.Listen server: rsock.Listen. A nil Config means the
-	// defaults: RDMA when this side has a device, TCP otherwise.
-	ln, err := rsock.Listen("tcp", *addr, nil)
+	// The one change from a net.Listen server: rsock.Listen. The Config keeps the
+	// defaults (RDMA when this side has a device, TCP otherwise) and sends rsock's
+	// reports (failed handshakes at INFO and above) to the standard log.
+	ln, err := rsock.Listen("tcp", *addr, &rsock.Config{Logger: slog.Default()})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"log/slog"
 	"net/http"
 	"os"
 	"os/signal"
@@ -45,8 +46,9 @@ func main() {
 
 	log.Printf("serving http://%s (Ctrl-C to stop)", *addr)
 	// AcceptPlainClients: clients that know nothing of rsock (curl, browsers) are served
-	// too, over TCP.
-	err := rsockhttp.ListenAndServe(srv, &rsock.Config{AcceptPlainClients: true})
+	// too, over TCP. Logger: rsock's reports (failed handshakes at INFO and above) go to
+	// the standard log, beside the server's own.
+	err := rsockhttp.ListenAndServe(srv, &rsock.Config{AcceptPlainClients: true, Logger: slog.Default()})
 	if !errors.Is(err, http.ErrServerClosed) {
 		log.Fatal(err)
 	}

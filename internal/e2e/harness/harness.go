@@ -309,6 +309,10 @@ func (c *Conn) Close() error {
 // Closed is closed when the connection's Close has first returned.
 func (c *Conn) Closed() <-chan struct{} { return c.closed }
 
+// NetConn returns the *rsock.Conn it records, as crypto/tls.Conn's NetConn does:
+// rsockhttp.Conn looks through wrappers that have it.
+func (c *Conn) NetConn() net.Conn { return c.Conn }
+
 // recorder keeps a list of connections, safe for concurrent use.
 type recorder struct {
 	side string // "server" or "client"

@@ -234,16 +234,31 @@ func signal(ch chan struct{}) {
 
 // SetDeadline sets both deadlines.
 func (c *Conn) SetDeadline(t time.Time) error {
+	if err := c.closedErr("set deadline"); err != nil { // conn_close.go
+		return err
+	}
 	c.rdl.set(t)
 	c.wdl.set(t)
 	return nil
 }
 
 // SetReadDeadline sets the deadline of pending and future Reads.
-func (c *Conn) SetReadDeadline(t time.Time) error { c.rdl.set(t); return nil }
+func (c *Conn) SetReadDeadline(t time.Time) error {
+	if err := c.closedErr("set read deadline"); err != nil {
+		return err
+	}
+	c.rdl.set(t)
+	return nil
+}
 
 // SetWriteDeadline sets the deadline of pending and future Writes.
-func (c *Conn) SetWriteDeadline(t time.Time) error { c.wdl.set(t); return nil }
+func (c *Conn) SetWriteDeadline(t time.Time) error {
+	if err := c.closedErr("set write deadline"); err != nil {
+		return err
+	}
+	c.wdl.set(t)
+	return nil
+}
 
 // deadline is a settable point in time that pending waits observe: its channel is
 // closed when the time passes, and replaced when the deadline moves into the future.

@@ -48,9 +48,30 @@ func (c *Conn) CloseWrite() error {
 // one round trip. Only a peer whose device stopped answering makes it last up to the
 // linger time (Options.Linger); then Close tears down anyway, and the peer, which has
 // not received the FIN, reads an error after the bytes that did arrive, never io.EOF.
+//
+// Only the first Close does this and reports how it went; later ones return an error
+// matching net.ErrClosed, as a closed *net.TCPConn's do.
 func (c *Conn) Close() error {
-	c.closeOnce.Do(func() { c.closeErr = c.close() })
+	first := false
+	c.closeOnce.Do(func() {
+		first = true
+		c.closeErr = c.close()
+	})
+	if !first {
+		return fmt.Errorf("rdma: close: %w", net.ErrClosed)
+	}
 	return c.closeErr
+}
+
+// closedErr returns an error matching net.ErrClosed once Close (or Abandon) has begun,
+// else nil: what the methods of a closed net.Conn that have nothing else to say return.
+func (c *Conn) closedErr(op string) error {
+	select {
+	case <-c.closed:
+		return fmt.Errorf("rdma: %s: %w", op, net.ErrClosed)
+	default:
+		return nil
+	}
 }
 
 func (c *Conn) close() error {
