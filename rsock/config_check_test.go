@@ -41,6 +41,7 @@ var configCases = []struct {
 		bad:  []badConfig{{func(c *Config) { c.PlainSniffTimeout = -1 }, "PlainSniffTimeout is -1ns, want 0 or more (0: the default, 200ms)"}},
 		good: []func(*Config){func(c *Config) { c.PlainSniffTimeout = 1 }}},
 	{field: "Logger", free: "nil has a meaning (see Config.Logger)"},
+	{field: "Tracer", free: "nil means no events; any ConnTracer is valid"},
 	{field: "RingSize",
 		bad: []badConfig{
 			{func(c *Config) { c.RingSize = 5000 }, "RingSize is 5000, want a power of two from 4096 (4 KiB) to 1073741824 (1 GiB)"},
