@@ -1,0 +1,326 @@
+package shm
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rsockio/rsock/verbs"
+)
+
+// Connections: a requester QP dials the abstract Unix socket (SOCK_SEQPACKET) of its
+// destination device, checks that the listener runs as an allowed user, says hello, and
+// from then on sends one request or region query at a time; a goroutine of the
+// requester's reads the answers. On the responder's side the device's accept loop checks
+// the dialer's user (SO_PEERCRED) and serves the connection on a goroutine of its own.
+// Both goroutines park in the netpoller while nothing arrives: the datagram is the
+// doorbell, and no thread waits in a system call.
+
+// peerConn is a requester QP's connection to its destination device, and the regions of
+// the destination it has mapped. Everything but dead is guarded by the QP's sq.mu.
+type peerConn struct {
+	c       *net.UnixConn
+	q       *QP
+	dead    atomic.Bool // the connection failed or was closed
+	regions map[uint32]*peerRegion
+	once    sync.Once
+}
+
+// peerRegion is a region of the destination device mapped here.
+type peerRegion struct {
+	addr     uint64
+	mem      []byte
+	writable bool
+}
+
+// slice returns the bytes [addr, addr+n) of the region, or false if they are not all
+// inside it.
+func (r *peerRegion) slice(addr uint64, n uint32) ([]byte, bool) {
+	if addr < r.addr {
+		return nil, false
+	}
+	off := addr - r.addr
+	if off > uint64(len(r.mem)) || uint64(n) > uint64(len(r.mem))-off {
+		return nil, false
+	}
+	return r.mem[off : off+uint64(n) : off+uint64(n)], true
+}
+
+// dialPeer connects q to its destination device and says hello. The caller holds q.sq.mu.
+func dialPeer(q *QP) (*peerConn, error) {
+	addr := &net.UnixAddr{Name: socketName(q.sq.destGID), Net: "unixpacket"}
+	c, err := net.DialUnix("unixpacket", nil, addr)
+	if err != nil {
+		return nil, fmt.Errorf("shm: dial device %v: %w", q.sq.destGID, err)
+	}
+	if err := checkPeer(c, q.dev.p.allow); err != nil {
+		c.Close()
+		return nil, err
+	}
+	pc := &peerConn{c: c, q: q, regions: map[uint32]*peerRegion{}}
+	hello := msg{kind: msgHello, srcQPN: q.qpn, dstQPN: q.sq.destQPN, srcGID: q.dev.gid}
+	if err := pc.send(hello.encode(make([]byte, 0, helloLen)), -1); err != nil {
+		c.Close()
+		return nil, err
+	}
+	go pc.readLoop()
+	return pc, nil
+}
+
+// send writes one datagram, passing fd with it unless fd is negative.
+func (pc *peerConn) send(b []byte, fd int) error {
+	return sendMsg(pc.c, b, fd)
+}
+
+func sendMsg(c *net.UnixConn, b []byte, fd int) error {
+	var oob []byte
+	if fd >= 0 {
+		oob = unix.UnixRights(fd)
+	}
+	if _, _, err := c.WriteMsgUnix(b, oob, nil); err != nil {
+		return fmt.Errorf("shm: send: %w", err)
+	}
+	return nil
+}
+
+// region returns the mapped region of the destination whose key is rkey, or nil.
+func (pc *peerConn) region(rkey uint32) *peerRegion { return pc.regions[rkey] }
+
+// addRegion maps the region m describes from descriptor fd, which it consumes.
+func (pc *peerConn) addRegion(m *msg, fd int) error {
+	mem, writable, err := mapPeerRegion(fd, m.size)
+	if err != nil {
+		return err
+	}
+	if old := pc.regions[m.rkey]; old != nil {
+		unmap(old.mem)
+	}
+	pc.regions[m.rkey] = &peerRegion{addr: m.addr, mem: mem, writable: writable && m.access&uint32(verbs.AccessRemoteWrite) != 0}
+	return nil
+}
+
+// fail ends the connection because the peer broke the protocol.
+func (pc *peerConn) fail(error) {
+	pc.dead.Store(true)
+	pc.c.Close()
+}
+
+// forgetRegions unmaps the regions, to be asked for again.
+func (pc *peerConn) forgetRegions() {
+	for k, r := range pc.regions {
+		unmap(r.mem)
+		delete(pc.regions, k)
+	}
+}
+
+// close ends the connection and unmaps the regions. The caller holds the QP's sq.mu.
+func (pc *peerConn) close() {
+	pc.once.Do(func() {
+		pc.dead.Store(true)
+		pc.c.Close()
+		pc.forgetRegions()
+	})
+}
+
+func unmap(mem []byte) {
+	if cap(mem) > 0 {
+		unix.Munmap(mem[:cap(mem)])
+	}
+}
+
+// readLoop reads the answers of the destination device until the connection ends.
+func (pc *peerConn) readLoop() {
+	buf := make([]byte, regionLen+1)
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	for {
+		n, oobn, flags, _, err := pc.c.ReadMsgUnix(buf, oob)
+		if err != nil {
+			break
+		}
+		fd := -1
+		if oobn > 0 {
+			fds := parseFDs(oob[:oobn])
+			if len(fds) != 1 {
+				closeFDs(fds)
+				break
+			}
+			fd = fds[0]
+		}
+		var m msg
+		if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || m.decode(buf[:n]) != nil ||
+			(m.kind != msgRegion && fd >= 0) {
+			closeFD(fd)
+			break
+		}
+		switch m.kind {
+		case msgResponse:
+			pc.q.onResponse(pc, &m)
+		case msgRegion:
+			pc.q.onRegion(pc, &m, fd)
+		default:
+			closeFD(fd)
+			pc.dead.Store(true)
+			pc.c.Close()
+			pc.q.onConnDown(pc)
+			return
+		}
+	}
+	pc.dead.Store(true)
+	pc.c.Close()
+	pc.q.onConnDown(pc)
+}
+
+// parseFDs returns the descriptors an SCM_RIGHTS control message carried.
+func parseFDs(oob []byte) []int {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil
+	}
+	var fds []int
+	for i := range msgs {
+		f, err := unix.ParseUnixRights(&msgs[i])
+		if err == nil {
+			fds = append(fds, f...)
+		}
+	}
+	return fds
+}
+
+func closeFD(fd int) {
+	if fd >= 0 {
+		unix.Close(fd)
+	}
+}
+
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}
+
+var errPeerUser = errors.New("shm: peer runs as a user that is not allowed")
+
+// checkPeer requires the process at the other end of c to run as an allowed user.
+func checkPeer(c *net.UnixConn, allow map[uint32]bool) error {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("shm: peer credentials: %w", err)
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return fmt.Errorf("shm: peer credentials: %w", err)
+	}
+	if cerr != nil {
+		return fmt.Errorf("shm: peer credentials: %w", cerr)
+	}
+	if !allow[cred.Uid] {
+		return fmt.Errorf("%w: uid %d (pid %d)", errPeerUser, cred.Uid, cred.Pid)
+	}
+	return nil
+}
+
+// acceptLoop accepts requesters' connections until the device shuts down.
+func (d *device) acceptLoop() {
+	defer d.p.wg.Done()
+	for {
+		c, err := d.ln.AcceptUnix()
+		if err != nil {
+			return
+		}
+		if checkPeer(c, d.p.allow) != nil {
+			c.Close()
+			continue
+		}
+		d.connMu.Lock()
+		if d.closed {
+			d.connMu.Unlock()
+			c.Close()
+			return
+		}
+		d.conns[c] = struct{}{}
+		d.p.wg.Add(1)
+		d.connMu.Unlock()
+		go d.serve(c)
+	}
+}
+
+// shutdown closes the listener and every accepted connection.
+func (d *device) shutdown() {
+	d.connMu.Lock()
+	d.closed = true
+	conns := d.conns
+	d.conns = nil
+	d.connMu.Unlock()
+	d.ln.Close()
+	for c := range conns {
+		c.Close()
+	}
+}
+
+// serve answers one requester's connection: a hello, then requests and region queries.
+// A datagram that breaks the protocol (malformed, truncated, carrying descriptors) ends
+// the connection, which the requester sees as a dead link.
+func (d *device) serve(c *net.UnixConn) {
+	defer d.p.wg.Done()
+	defer func() {
+		c.Close()
+		d.connMu.Lock()
+		delete(d.conns, c)
+		d.connMu.Unlock()
+	}()
+	buf := make([]byte, maxMsg+1)
+	oob := make([]byte, unix.CmsgSpace(4*8))
+	out := make([]byte, 0, regionLen)
+	var src requester
+	var dst uint32
+	for said := false; ; said = true {
+		n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
+		if err != nil {
+			return
+		}
+		if oobn > 0 { // requesters pass no descriptors
+			closeFDs(parseFDs(oob[:oobn]))
+			return
+		}
+		var m msg
+		if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || m.decode(buf[:n]) != nil {
+			return
+		}
+		if !said {
+			if m.kind != msgHello {
+				return
+			}
+			src, dst = requester{gid: m.srcGID, qpn: m.srcQPN}, m.dstQPN
+			continue
+		}
+		switch m.kind {
+		case msgRequest:
+			resp := msg{kind: msgResponse, respKind: respDrop}
+			if q := d.qp(dst); q != nil {
+				resp = q.respond(src, &m)
+			}
+			if sendMsg(c, resp.encode(out), -1) != nil {
+				return
+			}
+		case msgMRQuery:
+			reply, fd := msg{kind: msgRegion, rkey: m.rkey}, -1
+			if q := d.qp(dst); q != nil {
+				reply, fd = q.regionFor(src, m.rkey)
+			}
+			err := sendMsg(c, reply.encode(out), fd)
+			closeFD(fd)
+			if err != nil {
+				return
+			}
+		default:
+			return
+		}
+	}
+}

@@ -1,0 +1,342 @@
+package shm
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+
+	"github.com/rsockio/rsock/verbs"
+)
+
+// Device limits every shm device reports and enforces.
+const (
+	maxQP         = 1 << 16
+	maxQPWR       = 16384
+	maxSGE        = 30
+	maxCQ         = 1 << 16
+	maxCQE        = 1<<22 - 1
+	maxMR         = 1 << 16
+	maxRegionSize = 1 << 34
+	maxInline     = 256
+	compVectors   = 1
+
+	qpnMask    = 1<<24 - 1
+	maxMessage = 1 << 31 // the largest RC message
+)
+
+const validAccess = verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.AccessRemoteRead
+
+// Options configure a [Provider]. The zero value gives one device that accepts peers of
+// the same user only.
+type Options struct {
+	// Devices is how many devices the provider has, named shm0, shm1, ... Values below 1
+	// mean 1. Each device listens on a Unix socket of its own; QPs of two devices, of one
+	// process or of two, connect through it.
+	Devices int
+	// AllowUIDs lists user IDs, besides the process's own, whose processes may connect
+	// to this provider's devices (checked with SO_PEERCRED).
+	AllowUIDs []uint32
+}
+
+// Provider is a set of shm devices: a [verbs.Provider] whose QPs reach QPs of other
+// processes on the same host (or of the same process) through shared memory.
+type Provider struct {
+	devices []*device
+	allow   map[uint32]bool
+
+	closeOnce sync.Once
+	wg        sync.WaitGroup // accept loops and the connections they serve
+}
+
+var (
+	_ verbs.Provider    = (*Provider)(nil)
+	_ verbs.Context     = (*Context)(nil)
+	_ verbs.PD          = (*PD)(nil)
+	_ verbs.MR          = (*MR)(nil)
+	_ verbs.CQ          = (*CQ)(nil)
+	_ verbs.CompChannel = (*CompChannel)(nil)
+	_ verbs.QP          = (*QP)(nil)
+)
+
+// device is one shm device: its attributes, its listener and its QPs and regions.
+type device struct {
+	p    *Provider
+	attr verbs.DeviceAttr
+	gid  verbs.GID
+	ln   *net.UnixListener
+
+	qpMu    sync.RWMutex
+	qps     map[uint32]*QP
+	nextQPN uint32
+
+	mrMu    sync.RWMutex
+	mrs     map[uint32]*MR
+	nextKey uint32
+
+	connMu sync.Mutex
+	conns  map[*net.UnixConn]struct{} // accepted connections, closed by Close
+	closed bool
+
+	nQP, nCQ, nMR atomic.Int64
+
+	ctxMu    sync.Mutex
+	contexts map[*Context]struct{}
+}
+
+// New returns a provider with the devices opts describes, each listening on an abstract
+// Unix socket named after its GID. Close stops them.
+func New(opts Options) (*Provider, error) {
+	n := max(opts.Devices, 1)
+	p := &Provider{allow: map[uint32]bool{uint32(os.Getuid()): true}}
+	for _, u := range opts.AllowUIDs {
+		p.allow[u] = true
+	}
+	for i := range n {
+		d, err := newDevice(p, i)
+		if err != nil {
+			p.Close()
+			return nil, err
+		}
+		p.devices = append(p.devices, d)
+	}
+	for _, d := range p.devices {
+		p.wg.Add(1)
+		go d.acceptLoop()
+	}
+	return p, nil
+}
+
+func newDevice(p *Provider, i int) (*device, error) {
+	var gid verbs.GID
+	gid[0], gid[1] = 0xfe, 0x80
+	if _, err := rand.Read(gid[8:]); err != nil {
+		return nil, fmt.Errorf("shm: device GID: %w", err)
+	}
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: socketName(gid), Net: "unixpacket"})
+	if err != nil {
+		return nil, fmt.Errorf("shm: listen for device %d: %w", i, err)
+	}
+	d := &device{
+		p: p, gid: gid, ln: ln,
+		qps: map[uint32]*QP{}, nextQPN: 0x100,
+		mrs:      map[uint32]*MR{},
+		conns:    map[*net.UnixConn]struct{}{},
+		contexts: map[*Context]struct{}{},
+	}
+	guid := le.Uint64(gid[8:])
+	d.attr = verbs.DeviceAttr{
+		Name: fmt.Sprintf("shm%d", i), NodeGUID: guid,
+		MaxQP: maxQP, MaxQPWR: maxQPWR, MaxSGE: maxSGE, MaxCQ: maxCQ, MaxCQE: maxCQE,
+		MaxMR: maxMR, MaxMRSize: maxRegionSize, MaxInline: maxInline,
+		NumCompVectors: compVectors,
+		Ports: []verbs.PortAttr{{
+			Num: 1, State: verbs.PortActive, MaxMTU: verbs.MTU4096, ActiveMTU: verbs.MTU4096,
+			LinkLayer: verbs.LinkLayerEthernet,
+			GIDs:      []verbs.GIDEntry{{Index: 0, GID: gid, Type: verbs.GIDTypeRoCEv2}},
+		}},
+	}
+	return d, nil
+}
+
+// socketName is the abstract socket a device with GID gid listens on.
+func socketName(gid verbs.GID) string { return "@rsock-shm-" + hex.EncodeToString(gid[:]) }
+
+// Close stops the devices: they accept no more peers, and the connections peers made to
+// them close, which peers see as a dead link. Contexts still open keep working locally.
+func (p *Provider) Close() error {
+	p.closeOnce.Do(func() {
+		for _, d := range p.devices {
+			d.shutdown()
+		}
+	})
+	p.wg.Wait()
+	return nil
+}
+
+// Name returns "shm".
+func (p *Provider) Name() string { return "shm" }
+
+// Devices lists the provider's devices.
+func (p *Provider) Devices() ([]verbs.DeviceAttr, error) {
+	out := make([]verbs.DeviceAttr, len(p.devices))
+	for i, d := range p.devices {
+		out[i] = d.attrCopy()
+	}
+	return out, nil
+}
+
+func (d *device) attrCopy() verbs.DeviceAttr {
+	a := d.attr
+	a.Ports = []verbs.PortAttr{d.attr.Ports[0]}
+	a.Ports[0].GIDs = append([]verbs.GIDEntry(nil), d.attr.Ports[0].GIDs...)
+	return a
+}
+
+// Open opens the named device.
+func (p *Provider) Open(name string) (verbs.Context, error) {
+	for _, d := range p.devices {
+		if d.attr.Name == name {
+			c := &Context{dev: d}
+			d.ctxMu.Lock()
+			d.contexts[c] = struct{}{}
+			d.ctxMu.Unlock()
+			return c, nil
+		}
+	}
+	return nil, fmt.Errorf("shm: open %q: %w", name, verbs.ErrNoDevice)
+}
+
+// reserve takes one of limit slots counted by n.
+func reserve(n *atomic.Int64, limit int) bool {
+	if n.Add(1) > int64(limit) {
+		n.Add(-1)
+		return false
+	}
+	return true
+}
+
+// refs tracks whether an object is closed and how many objects created from it live, so
+// that closing an object still in use fails with verbs.ErrBusy, as EBUSY does.
+type refs struct {
+	mu     sync.Mutex
+	closed bool
+	n      int
+}
+
+func (r *refs) acquire() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return verbs.ErrClosed
+	}
+	r.n++
+	return nil
+}
+
+func (r *refs) release() {
+	r.mu.Lock()
+	r.n--
+	r.mu.Unlock()
+}
+
+func (r *refs) close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return verbs.ErrClosed
+	}
+	if r.n > 0 {
+		return verbs.ErrBusy
+	}
+	r.closed = true
+	return nil
+}
+
+// Context is an open shm device. It implements [verbs.Context].
+type Context struct {
+	dev    *device
+	refs   refs
+	events verbs.AsyncEventQueue
+}
+
+// Device returns the device's attributes.
+func (c *Context) Device() verbs.DeviceAttr { return c.dev.attrCopy() }
+
+// QueryPort returns the attributes of port num; shm devices have port 1 only.
+func (c *Context) QueryPort(num uint8) (verbs.PortAttr, error) {
+	if num != 1 {
+		return verbs.PortAttr{}, fmt.Errorf("shm: query port %d: %w", num, verbs.ErrInvalidArgument)
+	}
+	return c.dev.attrCopy().Ports[0], nil
+}
+
+// WaitAsyncEvent returns the device's next asynchronous event (see [verbs.Context]).
+func (c *Context) WaitAsyncEvent(ctx context.Context) (verbs.AsyncEvent, error) {
+	e, err := c.events.Wait(ctx)
+	if err != nil && errors.Is(err, verbs.ErrClosed) {
+		return e, fmt.Errorf("shm: %w", err)
+	}
+	return e, err
+}
+
+// AllocPD allocates a protection domain.
+func (c *Context) AllocPD() (verbs.PD, error) {
+	if err := c.refs.acquire(); err != nil {
+		return nil, fmt.Errorf("shm: alloc PD: %w", err)
+	}
+	return &PD{ctx: c}, nil
+}
+
+// CreateCompChannel creates a completion channel.
+func (c *Context) CreateCompChannel() (verbs.CompChannel, error) {
+	if err := c.refs.acquire(); err != nil {
+		return nil, fmt.Errorf("shm: create completion channel: %w", err)
+	}
+	return newCompChannel(c), nil
+}
+
+// CreateCQ creates a CQ that holds exactly cqe completions.
+func (c *Context) CreateCQ(cqe int, ch verbs.CompChannel, vector int) (verbs.CQ, error) {
+	if cqe < 1 || cqe > maxCQE {
+		return nil, fmt.Errorf("shm: create CQ of %d entries (device max %d): %w", cqe, maxCQE, verbs.ErrInvalidArgument)
+	}
+	if vector < 0 || vector >= compVectors {
+		return nil, fmt.Errorf("shm: create CQ on completion vector %d of %d: %w", vector, compVectors, verbs.ErrInvalidArgument)
+	}
+	var sch *CompChannel
+	if ch != nil {
+		var ok bool
+		if sch, ok = ch.(*CompChannel); !ok || sch.ctx != c {
+			return nil, fmt.Errorf("shm: create CQ: completion channel is not from this context: %w", verbs.ErrInvalidArgument)
+		}
+	}
+	if !reserve(&c.dev.nCQ, maxCQ) {
+		return nil, fmt.Errorf("shm: create CQ: device limit of %d CQs: %w", maxCQ, verbs.ErrNoResources)
+	}
+	if err := c.refs.acquire(); err != nil {
+		c.dev.nCQ.Add(-1)
+		return nil, fmt.Errorf("shm: create CQ: %w", err)
+	}
+	if sch != nil {
+		if err := sch.refs.acquire(); err != nil {
+			c.refs.release()
+			c.dev.nCQ.Add(-1)
+			return nil, fmt.Errorf("shm: create CQ: completion channel: %w", err)
+		}
+	}
+	return &CQ{ctx: c, ch: sch, ring: make([]cqEntry, cqe)}, nil
+}
+
+// Close closes the context. PDs, CQs and channels created from it must be closed first.
+func (c *Context) Close() error {
+	if err := c.refs.close(); err != nil {
+		return fmt.Errorf("shm: close context: %w", err)
+	}
+	c.dev.ctxMu.Lock()
+	delete(c.dev.contexts, c)
+	c.dev.ctxMu.Unlock()
+	c.events.Close()
+	return nil
+}
+
+// PD is a protection domain. It implements [verbs.PD]. A peer QP connected to a QP of
+// this PD can map every region of the PD that grants a remote access.
+type PD struct {
+	ctx  *Context
+	refs refs
+}
+
+// Close deallocates the protection domain. Its MRs and QPs must be closed first.
+func (p *PD) Close() error {
+	if err := p.refs.close(); err != nil {
+		return fmt.Errorf("shm: dealloc PD: %w", err)
+	}
+	p.ctx.refs.release()
+	return nil
+}
