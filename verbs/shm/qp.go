@@ -57,13 +57,16 @@ type sendQueue struct {
 	destGID  verbs.GID
 	destQPN  uint32
 	av       verbs.AddressVector
+	psn      uint32 // PSN of the head WR's request
 	timeout  uint8
 	retry    uint8
 	rnrRetry uint8
 
-	conn    *peerConn // connection to the destination device, nil until first needed
-	busy    bool      // the head WR's request or region query awaits its answer
-	waiting bool      // the head WR waits for the timer
+	conn     *peerConn // connection to the destination device, nil until first needed
+	busy     bool      // the head WR's request or region query awaits its answer
+	querying bool      // what is busy is a region query
+	deadline time.Time // when busy, the end of its ACK timeout
+	waiting  bool      // the head WR waits for the timer
 }
 
 // recvQueue is the responder side of a QP, guarded by mu.
@@ -80,6 +83,7 @@ type recvQueue struct {
 	access verbs.AccessFlags
 	srcGID verbs.GID
 	srcQPN uint32
+	epsn   uint32 // PSN expected of the next request
 	minRNR uint8
 }
 
@@ -237,7 +241,7 @@ func (q *QP) ToRTR(attr verbs.RTRAttr) error {
 		return err
 	}
 	q.sq.destGID, q.sq.destQPN, q.sq.av = attr.Dest.DestGID, attr.DestQPN, attr.Dest
-	q.rq.srcGID, q.rq.srcQPN, q.rq.minRNR = attr.Dest.DestGID, attr.DestQPN, attr.MinRNRTimer
+	q.rq.srcGID, q.rq.srcQPN, q.rq.minRNR, q.rq.epsn = attr.Dest.DestGID, attr.DestQPN, attr.MinRNRTimer, attr.RQPSN
 	return nil
 }
 
@@ -254,7 +258,7 @@ func (q *QP) ToRTS(attr verbs.RTSAttr) error {
 	if err := q.transition("to RTS", verbs.QPStateRTR, verbs.QPStateRTS); err != nil {
 		return err
 	}
-	q.sq.timeout, q.sq.retry, q.sq.rnrRetry = attr.Timeout, attr.RetryCount, attr.RNRRetry
+	q.sq.timeout, q.sq.retry, q.sq.rnrRetry, q.sq.psn = attr.Timeout, attr.RetryCount, attr.RNRRetry, attr.SQPSN
 	return nil
 }
 
@@ -289,10 +293,10 @@ func (q *QP) ToReset() error {
 	s := &q.sq
 	s.posted, s.unreported = q.sqPolled.Load(), 0
 	s.destGID, s.destQPN, s.av = verbs.GID{}, 0, verbs.AddressVector{}
-	s.timeout, s.retry, s.rnrRetry = 0, 0, 0
+	s.timeout, s.retry, s.rnrRetry, s.psn = 0, 0, 0, 0
 	r := &q.rq
 	r.posted = q.rqPolled.Load()
-	r.access, r.srcGID, r.srcQPN, r.minRNR = 0, verbs.GID{}, 0, 0
+	r.access, r.srcGID, r.srcQPN, r.minRNR, r.epsn = 0, verbs.GID{}, 0, 0, 0
 	return nil
 }
 

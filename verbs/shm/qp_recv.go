@@ -84,6 +84,15 @@ func (q *QP) respond(src requester, m *msg) msg {
 	if q.rq.srcGID != src.gid || q.rq.srcQPN != src.qpn {
 		return drop
 	}
+	if m.psn != q.rq.epsn {
+		// A retransmission of a request executed already, whose answer came too late,
+		// is acknowledged again (within a window behind the expected PSN, as a
+		// responder keeps); anything else is out of sequence and dropped.
+		if behind := (q.rq.epsn - m.psn) & qpnMask; behind > 0 && behind < 1<<23 {
+			return msg{kind: msgResponse, respKind: respAck}
+		}
+		return drop
+	}
 	q.dev.mrMu.RLock()
 	defer q.dev.mrMu.RUnlock()
 	n := m.length
@@ -128,6 +137,7 @@ func (q *QP) respond(src requester, m *msg) msg {
 			return errResponse(verbs.WCRemAccessErr)
 		}
 	}
+	q.rq.epsn = (q.rq.epsn + 1) & qpnMask
 	return msg{kind: msgResponse, respKind: respAck}
 }
 

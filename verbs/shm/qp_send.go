@@ -2,6 +2,7 @@ package shm
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/rsockio/rsock/verbs"
 )
@@ -168,6 +169,19 @@ func (q *QP) runSQ() {
 	q.sq.waiting = false
 	if q.sq.n > 0 && q.State() == verbs.QPStateRTS {
 		e := &q.sq.ring[q.sq.head]
+		if q.sq.busy {
+			if d := time.Until(q.sq.deadline); d > 0 { // fired for an earlier request
+				q.timer.Reset(d)
+				q.sq.mu.Unlock()
+				return
+			}
+			// No answer within the ACK timeout: the request is lost. The connection
+			// goes, so that a late answer cannot be taken for the retransmission's.
+			q.sq.busy = false
+			q.sq.conn.close()
+			q.sq.conn = nil
+			e.ackWait = true
+		}
 		if e.ackWait {
 			e.ackWait = false
 			if e.retryLeft == 0 {
@@ -222,7 +236,8 @@ func (q *QP) kickLocked() {
 				q.lostLocked(e, true)
 				continue
 			}
-			q.sq.busy = true
+			q.busyLocked()
+			q.sq.querying = true
 			return
 		}
 		st, out := q.prepareLocked(e, c)
@@ -236,8 +251,18 @@ func (q *QP) kickLocked() {
 			q.lostLocked(e, true)
 			continue
 		}
-		q.sq.busy = true
+		q.busyLocked()
 		return
+	}
+}
+
+// busyLocked marks the head WR's request (or region query) as sent, and arms the ACK
+// timeout that declares it lost if no answer comes.
+func (q *QP) busyLocked() {
+	q.sq.busy, q.sq.querying = true, false
+	if d := ackTimeout(q.sq.timeout); d > 0 {
+		q.sq.deadline = time.Now().Add(d)
+		q.timer.Reset(d)
 	}
 }
 
@@ -263,7 +288,7 @@ func (q *QP) prepareLocked(e *wqe, c *peerConn) (verbs.WCStatus, []byte) {
 	if st := q.resolveLocalLocked(e); st != verbs.WCSuccess {
 		return st, nil
 	}
-	m := msg{kind: msgRequest, op: uint8(e.op), imm: e.imm, rkey: e.rkey, length: e.length, addr: e.raddr}
+	m := msg{kind: msgRequest, op: uint8(e.op), imm: e.imm, rkey: e.rkey, length: e.length, addr: e.raddr, psn: q.sq.psn}
 	if e.flags&verbs.SendSolicited != 0 {
 		m.flags = reqSolicited
 	}
@@ -322,6 +347,7 @@ func (q *QP) resolveLocalLocked(e *wqe) verbs.WCStatus {
 // does, unless the link is known dead (the peer's device is gone): then it gives up at
 // once rather than hang.
 func (q *QP) lostLocked(e *wqe, dead bool) {
+	e.queried = false
 	d := ackTimeout(q.sq.timeout)
 	if d == 0 {
 		if dead {
@@ -346,9 +372,19 @@ func (q *QP) onRegion(c *peerConn, m *msg, fd int) {
 		return
 	}
 	q.sq.busy = false
+	if !q.sq.querying { // an answer to a question not asked
+		closeFD(fd)
+		c.fail(errMalformed)
+		q.lostLocked(&q.sq.ring[q.sq.head], true)
+		return
+	}
 	e := &q.sq.ring[q.sq.head]
 	e.queried = true
-	if m.ok && fd >= 0 {
+	if m.ok != (fd >= 0) || m.rkey != e.rkey { // a region without its memory, or another one
+		closeFD(fd)
+		c.fail(errMalformed)
+		q.lostLocked(e, true)
+	} else if m.ok {
 		if err := c.addRegion(m, fd); err != nil {
 			c.fail(err)
 			q.lostLocked(e, true)
@@ -369,6 +405,12 @@ func (q *QP) onResponse(c *peerConn, m *msg) {
 	q.sq.busy = false
 	e := &q.sq.ring[q.sq.head]
 	e.queried = false
+	if q.sq.querying { // a response where a region was asked for
+		c.fail(errMalformed)
+		q.lostLocked(e, true)
+		q.sq.mu.Unlock()
+		return
+	}
 	switch m.respKind {
 	case respAck:
 		if e.op == verbs.OpRDMARead && e.length > 0 {
@@ -429,6 +471,7 @@ func (q *QP) finishReadLocked(e *wqe, c *peerConn) {
 }
 
 func (q *QP) succeedLocked(e *wqe) {
+	q.sq.psn = (q.sq.psn + 1) & qpnMask
 	if q.sigAll || e.flags&verbs.SendSignaled != 0 {
 		q.completeLocked(e, verbs.WCSuccess)
 	} else {

@@ -16,10 +16,15 @@ import (
 //	| 1 u8 | ver u8  | 0 u16 | magic u32 | srcQPN u32| dstQPN u32 | srcGID [16] |
 //	+------+---------+-------+-----------+-----------+-------------------+
 //
-//	request (requester → responder), 24 bytes + SEND payload:
-//	+------+-------+----------+------+---------+----------+------------+------------+---------+
-//	| 2 u8 | op u8 | flags u8 | 0 u8 | imm u32 | rkey u32 | length u32 | raddr u64  | payload |
-//	+------+-------+----------+------+---------+----------+------------+------------+---------+
+//	request (requester → responder), 28 bytes + SEND payload:
+//	+------+-------+----------+------+---------+----------+------------+-----------+---------+---------+
+//	| 2 u8 | op u8 | flags u8 | 0 u8 | imm u32 | rkey u32 | length u32 | raddr u64 | psn u32 | payload |
+//	+------+-------+----------+------+---------+----------+------------+-----------+---------+---------+
+//
+// The PSN (24 bits) numbers requests, one per request, from the requester's SQPSN: the
+// responder executes the one it expects (its RQPSN onwards), acknowledges again without
+// executing one it already executed (a retransmission whose first answer was late), and
+// drops one from the future.
 //
 //	region query (requester → responder), 8 bytes: | 3 u8 | 0 [3] | rkey u32 |
 //
@@ -44,7 +49,7 @@ const (
 	wireMagic   = 0x4d485352 // "RSHM"
 
 	helloLen    = 32
-	requestLen  = 24
+	requestLen  = 28
 	mrQueryLen  = 8
 	responseLen = 8
 	regionLen   = 32
@@ -84,6 +89,7 @@ type msg struct {
 	length   uint32
 	status   uint32 // response: verbs.WCStatus
 	access   uint32 // region
+	psn      uint32 // request
 	addr     uint64 // request: remote address; region: its address
 	size     uint64 // region: its length
 	payload  []byte // request: SEND payload, aliasing the decoded buffer
@@ -107,6 +113,7 @@ func (m *msg) encode(b []byte) []byte {
 		b = le.AppendUint32(b, m.rkey)
 		b = le.AppendUint32(b, m.length)
 		b = le.AppendUint64(b, m.addr)
+		b = le.AppendUint32(b, m.psn)
 		b = append(b, m.payload...)
 	case msgMRQuery:
 		b = append(b, msgMRQuery, 0, 0, 0)
@@ -152,6 +159,9 @@ func (m *msg) decode(b []byte) error {
 		}
 		m.op, m.flags = b[1], b[2]
 		m.imm, m.rkey, m.length, m.addr = le.Uint32(b[4:]), le.Uint32(b[8:]), le.Uint32(b[12:]), le.Uint64(b[16:])
+		if m.psn = le.Uint32(b[24:]); m.psn > qpnMask {
+			return fmt.Errorf("%w: PSN over 24 bits", errMalformed)
+		}
 		m.payload = b[requestLen:len(b):len(b)]
 		switch m.op {
 		case opSend, opSendWithImm:
