@@ -20,7 +20,9 @@ func TestPeerKilledMidTransfer(t *testing.T) {
 	a := newEnd(t, local, "shm0", size)
 	b := newEnd(t, peer.prov, "shm0", size)
 	connectEnds(t, a, b, 10, 3) // ACK timeout about 4 ms, 3 retries
-	recvs := make([]verbs.RecvWR, 256)
+	// 48 receive WQEs: the 49th write waits in RNR retries (forever) until the peer dies,
+	// so writes are outstanding when it does, however fast it is.
+	recvs := make([]verbs.RecvWR, 48)
 	for i := range recvs {
 		recvs[i].ID = uint64(i)
 	}
@@ -44,7 +46,7 @@ func TestPeerKilledMidTransfer(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(a.mr.Bytes()[:32*chunk], got), "acknowledged writes missing from the peer's region")
 
-	// 64 more, and the peer dies while they are on their way.
+	// 64 more, and the peer dies while they are on their way: 16 can land.
 	wrs = make([]verbs.SendWR, 64)
 	for i := range wrs {
 		wrs[i] = writeImm(uint64(100+i), a.mr, b.mr, (32+i)*chunk%size, chunk)
@@ -57,7 +59,7 @@ func TestPeerKilledMidTransfer(t *testing.T) {
 	for k < len(wcs) && wcs[k].Status == verbs.WCSuccess {
 		k++
 	}
-	require.Less(t, k, len(wcs), "all 64 writes succeeded into a dead peer")
+	require.LessOrEqual(t, k, 16, "writes succeeded beyond the peer's receive WQEs")
 	require.Equal(t, verbs.WCRetryExcErr, wcs[k].Status, "the first write the dead peer did not acknowledge (after %d)", k)
 	for i, wc := range wcs {
 		require.Equal(t, uint64(100+i), wc.WRID, "completions in order")
