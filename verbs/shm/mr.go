@@ -41,6 +41,9 @@ func (p *PD) RegMR(length int, access verbs.AccessFlags) (verbs.MR, error) {
 	case access&verbs.AccessRemoteWrite != 0 && access&verbs.AccessLocalWrite == 0:
 		return nil, fmt.Errorf("shm: register MR: remote write access requires local write access: %w", verbs.ErrInvalidArgument)
 	}
+	if err := d.p.injectedFailure(allocMR); err != nil {
+		return nil, fmt.Errorf("shm: register MR: %w", err)
+	}
 	if !reserve(&d.nMR, maxMR) {
 		return nil, fmt.Errorf("shm: register MR: device limit of %d MRs: %w", maxMR, verbs.ErrNoResources)
 	}

@@ -50,6 +50,8 @@ type Provider struct {
 	devices []*device
 	allow   map[uint32]bool
 
+	allocFail [len(allocKinds)]atomic.Int64 // pending injected allocation failures (faults.go)
+
 	closeOnce sync.Once
 	wg        sync.WaitGroup // accept loops and the connections they serve
 }
@@ -84,6 +86,8 @@ type device struct {
 	closed bool
 
 	nQP, nCQ, nMR atomic.Int64
+
+	port atomic.Int32 // the port's verbs.PortState as SetPortState set it; 0 is active
 
 	ctxMu    sync.Mutex
 	contexts map[*Context]struct{}
@@ -174,6 +178,7 @@ func (p *Provider) Devices() ([]verbs.DeviceAttr, error) {
 func (d *device) attrCopy() verbs.DeviceAttr {
 	a := d.attr
 	a.Ports = []verbs.PortAttr{d.attr.Ports[0]}
+	a.Ports[0].State = d.portState()
 	a.Ports[0].GIDs = append([]verbs.GIDEntry(nil), d.attr.Ports[0].GIDs...)
 	return a
 }
@@ -182,6 +187,9 @@ func (d *device) attrCopy() verbs.DeviceAttr {
 func (p *Provider) Open(name string) (verbs.Context, error) {
 	for _, d := range p.devices {
 		if d.attr.Name == name {
+			if err := p.injectedFailure(allocContext); err != nil {
+				return nil, fmt.Errorf("shm: open %q: %w", name, err)
+			}
 			c := &Context{dev: d}
 			d.ctxMu.Lock()
 			d.contexts[c] = struct{}{}
@@ -267,6 +275,9 @@ func (c *Context) WaitAsyncEvent(ctx context.Context) (verbs.AsyncEvent, error) 
 
 // AllocPD allocates a protection domain.
 func (c *Context) AllocPD() (verbs.PD, error) {
+	if err := c.dev.p.injectedFailure(allocPD); err != nil {
+		return nil, fmt.Errorf("shm: alloc PD: %w", err)
+	}
 	if err := c.refs.acquire(); err != nil {
 		return nil, fmt.Errorf("shm: alloc PD: %w", err)
 	}
@@ -275,6 +286,9 @@ func (c *Context) AllocPD() (verbs.PD, error) {
 
 // CreateCompChannel creates a completion channel.
 func (c *Context) CreateCompChannel() (verbs.CompChannel, error) {
+	if err := c.dev.p.injectedFailure(allocChannel); err != nil {
+		return nil, fmt.Errorf("shm: create completion channel: %w", err)
+	}
 	if err := c.refs.acquire(); err != nil {
 		return nil, fmt.Errorf("shm: create completion channel: %w", err)
 	}
@@ -295,6 +309,9 @@ func (c *Context) CreateCQ(cqe int, ch verbs.CompChannel, vector int) (verbs.CQ,
 		if sch, ok = ch.(*CompChannel); !ok || sch.ctx != c {
 			return nil, fmt.Errorf("shm: create CQ: completion channel is not from this context: %w", verbs.ErrInvalidArgument)
 		}
+	}
+	if err := c.dev.p.injectedFailure(allocCQ); err != nil {
+		return nil, fmt.Errorf("shm: create CQ: %w", err)
 	}
 	if !reserve(&c.dev.nCQ, maxCQ) {
 		return nil, fmt.Errorf("shm: create CQ: device limit of %d CQs: %w", maxCQ, verbs.ErrNoResources)

@@ -28,6 +28,9 @@ type QP struct {
 	state  atomic.Int32 // a verbs.QPState
 	closed atomic.Bool
 
+	broken atomic.Bool  // fault injection: requests to and from this QP are lost
+	delay  atomic.Int64 // fault injection: delivery delay of this QP's requests
+
 	// timer drives the send queue while its head waits for an RNR or ACK timeout; it is
 	// also reset to fire at once after a fatal error, to flush the queues.
 	timer *time.Timer
@@ -99,9 +102,10 @@ type wqe struct {
 	inline []byte
 	length uint32
 
-	queried   bool // the region rkey names was asked for in this attempt
-	ackWait   bool // the last attempt was lost: when the timer fires, its ACK timeout expired
-	forever   bool // lost with ACK timeout 0: waits until flushed
+	due       time.Time // with an injected delay, when the request may go
+	queried   bool      // the region rkey names was asked for in this attempt
+	ackWait   bool      // the last attempt was lost: when the timer fires, its ACK timeout expired
+	forever   bool      // lost with ACK timeout 0: waits until flushed
 	rnrLeft   uint8
 	retryLeft uint8
 }
@@ -127,6 +131,9 @@ func (p *PD) CreateQP(attr verbs.QPInitAttr) (verbs.QP, error) {
 		return nil, fmt.Errorf("shm: create QP with %d send and %d receive SGEs (device max %d): %w", c.MaxSendSGE, c.MaxRecvSGE, maxSGE, verbs.ErrInvalidArgument)
 	case c.MaxInlineData < 0 || c.MaxInlineData > maxInline:
 		return nil, fmt.Errorf("shm: create QP with %d bytes inline (device max %d): %w", c.MaxInlineData, maxInline, verbs.ErrInvalidArgument)
+	}
+	if err := d.p.injectedFailure(allocQP); err != nil {
+		return nil, fmt.Errorf("shm: create QP: %w", err)
 	}
 	if !reserve(&d.nQP, maxQP) {
 		return nil, fmt.Errorf("shm: create QP: device limit of %d QPs: %w", maxQP, verbs.ErrNoResources)

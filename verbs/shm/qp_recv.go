@@ -81,7 +81,7 @@ func (q *QP) respond(src requester, m *msg) msg {
 	if st := q.State(); st != verbs.QPStateRTR && st != verbs.QPStateRTS {
 		return drop
 	}
-	if q.rq.srcGID != src.gid || q.rq.srcQPN != src.qpn {
+	if q.rq.srcGID != src.gid || q.rq.srcQPN != src.qpn || q.loses() {
 		return drop
 	}
 	if m.psn != q.rq.epsn {

@@ -79,6 +79,9 @@ func (q *QP) postSendLocked(w *verbs.SendWR) error {
 			return err
 		}
 	}
+	if d := q.delay.Load(); d > 0 {
+		e.due = time.Now().Add(time.Duration(d))
+	}
 	q.sq.posted++
 	if st == verbs.QPStateError {
 		q.flushSendLocked()
@@ -214,6 +217,15 @@ func (q *QP) kickLocked() {
 		e := &q.sq.ring[q.sq.head]
 		if e.forever {
 			return
+		}
+		if d := time.Until(e.due); !e.due.IsZero() && d > 0 {
+			q.sq.waiting = true
+			q.timer.Reset(d)
+			return
+		}
+		if q.loses() {
+			q.lostLocked(e, false)
+			continue
 		}
 		if q.sq.conn == nil || q.sq.conn.dead.Load() {
 			if q.sq.conn != nil {
