@@ -13,14 +13,14 @@ import (
 )
 
 // Connections: a requester QP dials the abstract Unix socket (SOCK_SEQPACKET) of its
-// destination device, checks that the listener runs as an allowed user, says hello, and
+// destination QP, checks that the listener runs as an allowed user, says hello, and
 // from then on sends one request or region query at a time; a goroutine of the
-// requester's reads the answers. On the responder's side the device's accept loop checks
+// requester's reads the answers. On the responder's side the QP's accept loop checks
 // the dialer's user (SO_PEERCRED) and serves the connection on a goroutine of its own.
 // Both goroutines park in the netpoller while nothing arrives: the datagram is the
 // doorbell, and no thread waits in a system call.
 
-// peerConn is a requester QP's connection to its destination device, and the regions of
+// peerConn is a requester QP's connection to its destination QP, and the regions of
 // the destination it has mapped. Everything but dead is guarded by the QP's sq.mu.
 type peerConn struct {
 	c       *net.UnixConn
@@ -30,7 +30,7 @@ type peerConn struct {
 	once    sync.Once
 }
 
-// peerRegion is a region of the destination device mapped here.
+// peerRegion is a region of the destination QP mapped here.
 type peerRegion struct {
 	addr     uint64
 	mem      []byte
@@ -50,19 +50,19 @@ func (r *peerRegion) slice(addr uint64, n uint32) ([]byte, bool) {
 	return r.mem[off : off+uint64(n) : off+uint64(n)], true
 }
 
-// dialPeer connects q to its destination device and says hello. The caller holds q.sq.mu.
+// dialPeer connects q to its destination QP and says hello. The caller holds q.sq.mu.
 func dialPeer(q *QP) (*peerConn, error) {
-	addr := &net.UnixAddr{Name: socketName(q.sq.destGID), Net: "unixpacket"}
+	addr := &net.UnixAddr{Name: qpSocketName(q.sq.destQPN), Net: "unixpacket"}
 	c, err := net.DialUnix("unixpacket", nil, addr)
 	if err != nil {
-		return nil, fmt.Errorf("shm: dial device %v: %w", q.sq.destGID, err)
+		return nil, fmt.Errorf("shm: dial QP %#x: %w", q.sq.destQPN, err)
 	}
 	if err := checkPeer(c, q.dev.p.allow); err != nil {
 		c.Close()
 		return nil, err
 	}
 	pc := &peerConn{c: c, q: q, regions: map[uint32]*peerRegion{}}
-	hello := msg{kind: msgHello, srcQPN: q.qpn, dstQPN: q.sq.destQPN, srcGID: q.dev.gid}
+	hello := msg{kind: msgHello, srcQPN: q.qpn, dstQPN: q.sq.destQPN, srcGID: q.sq.sgid}
 	if err := pc.send(hello.encode(make([]byte, 0, helloLen)), -1); err != nil {
 		c.Close()
 		return nil, err
@@ -132,7 +132,7 @@ func unmap(mem []byte) {
 	}
 }
 
-// readLoop reads the answers of the destination device until the connection ends.
+// readLoop reads the answers of the destination QP until the connection ends.
 func (pc *peerConn) readLoop() {
 	buf := make([]byte, regionLen+1)
 	oob := make([]byte, unix.CmsgSpace(4*4))
@@ -226,60 +226,46 @@ func checkPeer(c *net.UnixConn, allow map[uint32]bool) error {
 	return nil
 }
 
-// acceptLoop accepts requesters' connections until the device shuts down.
-func (d *device) acceptLoop() {
-	defer d.p.wg.Done()
+// acceptLoop accepts requesters' connections to q until its socket closes.
+func (q *QP) acceptLoop() {
+	p := q.dev.p
+	defer p.wg.Done()
 	for {
-		c, err := d.ln.AcceptUnix()
+		c, err := q.ln.AcceptUnix()
 		if err != nil {
 			return
 		}
-		if checkPeer(c, d.p.allow) != nil {
+		if checkPeer(c, p.allow) != nil {
 			c.Close()
 			continue
 		}
-		d.connMu.Lock()
-		if d.closed {
-			d.connMu.Unlock()
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
 			c.Close()
 			return
 		}
-		d.conns[c] = struct{}{}
-		d.p.wg.Add(1)
-		d.connMu.Unlock()
-		go d.serve(c)
+		p.closers[c] = struct{}{}
+		p.wg.Add(1)
+		p.mu.Unlock()
+		go q.serve(c)
 	}
 }
 
-// shutdown closes the listener and every accepted connection.
-func (d *device) shutdown() {
-	d.connMu.Lock()
-	d.closed = true
-	conns := d.conns
-	d.conns = nil
-	d.connMu.Unlock()
-	d.ln.Close()
-	for c := range conns {
-		c.Close()
-	}
-}
-
-// serve answers one requester's connection: a hello, then requests and region queries.
-// A datagram that breaks the protocol (malformed, truncated, carrying descriptors) ends
-// the connection, which the requester sees as a dead link.
-func (d *device) serve(c *net.UnixConn) {
-	defer d.p.wg.Done()
+// serve answers one requester's connection: a hello naming q, then requests and region
+// queries. A datagram that breaks the protocol (malformed, truncated, carrying
+// descriptors) ends the connection, which the requester sees as a dead link.
+func (q *QP) serve(c *net.UnixConn) {
+	p := q.dev.p
+	defer p.wg.Done()
 	defer func() {
 		c.Close()
-		d.connMu.Lock()
-		delete(d.conns, c)
-		d.connMu.Unlock()
+		p.untrack(c)
 	}()
 	buf := make([]byte, maxMsg+1)
 	oob := make([]byte, unix.CmsgSpace(4*8))
 	out := make([]byte, 0, regionLen)
 	var src requester
-	var dst uint32
 	for said := false; ; said = true {
 		n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
 		if err != nil {
@@ -294,26 +280,20 @@ func (d *device) serve(c *net.UnixConn) {
 			return
 		}
 		if !said {
-			if m.kind != msgHello {
+			if m.kind != msgHello || m.dstQPN != q.qpn {
 				return
 			}
-			src, dst = requester{gid: m.srcGID, qpn: m.srcQPN}, m.dstQPN
+			src = requester{gid: m.srcGID, qpn: m.srcQPN}
 			continue
 		}
 		switch m.kind {
 		case msgRequest:
-			resp := msg{kind: msgResponse, respKind: respDrop}
-			if q := d.qp(dst); q != nil {
-				resp = q.respond(src, &m)
-			}
+			resp := q.respond(src, &m)
 			if sendMsg(c, resp.encode(out), -1) != nil {
 				return
 			}
 		case msgMRQuery:
-			reply, fd := msg{kind: msgRegion, rkey: m.rkey}, -1
-			if q := d.qp(dst); q != nil {
-				reply, fd = q.regionFor(src, m.rkey)
-			}
+			reply, fd := q.regionFor(src, m.rkey)
 			err := sendMsg(c, reply.encode(out), fd)
 			closeFD(fd)
 			if err != nil {

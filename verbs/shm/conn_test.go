@@ -11,6 +11,7 @@ import (
 // TestCheckPeer: a peer is accepted only if its user is allowed.
 func TestCheckPeer(t *testing.T) {
 	p := newProvider(t, 1)
+	e := newEnd(t, p, "shm0", 4096)
 	own := uint32(os.Getuid())
 	tests := []struct {
 		name  string
@@ -24,7 +25,7 @@ func TestCheckPeer(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: socketName(p.devices[0].gid), Net: "unixpacket"})
+			c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: qpSocketName(e.qp.QPN()), Net: "unixpacket"})
 			require.NoError(t, err)
 			defer c.Close()
 			err = checkPeer(c, tt.allow)
@@ -42,12 +43,14 @@ func TestCheckPeer(t *testing.T) {
 func TestProviderClose(t *testing.T) {
 	p, err := New(Options{Devices: 1})
 	require.NoError(t, err)
-	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: socketName(p.devices[0].gid), Net: "unixpacket"})
+	e := newEnd(t, p, "shm0", 4096)
+	name := &net.UnixAddr{Name: qpSocketName(e.qp.QPN()), Net: "unixpacket"}
+	c, err := net.DialUnix("unixpacket", nil, name)
 	require.NoError(t, err)
 	defer c.Close()
 	require.NoError(t, p.Close())
 	_, err = c.Read(make([]byte, 8))
-	require.Error(t, err, "a connection to a closed device")
-	_, err = net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: socketName(p.devices[0].gid), Net: "unixpacket"})
-	require.Error(t, err, "dial a closed device")
+	require.Error(t, err, "a connection to a closed provider's QP")
+	_, err = net.DialUnix("unixpacket", nil, name)
+	require.Error(t, err, "dial a closed provider's QP")
 }

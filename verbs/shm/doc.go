@@ -9,19 +9,24 @@
 //	defer p.Close()
 //	ctx, err := p.Open("shm0")
 //
-// From there the verbs API is used as with any provider. Each device has one RoCE v2 GID,
-// fe80::<64 random bits>, and listens on the abstract Unix socket named after it; a QP
-// connects, in its RTR transition, to QP DestQPN of the device whose GID is
-// Dest.DestGID, in this process or another, both exchanged out of band as with hardware.
+// From there the verbs API is used as with any provider. A device's port has a RoCE v2
+// GID for each IP address of the host (127.0.0.1 first), so a connection finds it by
+// its local address as it would a RoCE NIC. Each QP takes a number no other QP of the
+// network namespace has, by binding the abstract Unix socket that number names
+// (@rsock-shm-qp-<qpn>); a QP connects, in its RTR transition, to QP DestQPN, in this
+// process or another, and its requests find that QP's process by the number alone. The
+// responder takes them only from the GID and QPN its own RTR transition named, so a QP
+// of another host that happens to have the number here is never reached: its peer sees
+// a dead link.
 //
 // # How it works
 //
 // Memory regions are memfds, mapped shared and sealed against shrinking. A requester QP
-// connects to its destination device's socket (SOCK_SEQPACKET) and sends its work
-// requests one at a time, each answered by the responder's device:
+// connects to its destination QP's socket (SOCK_SEQPACKET) and sends its work requests
+// one at a time, numbered by PSN, each answered by the responder:
 //
 //   - RDMA WRITE (with or without immediate): the first request naming an rkey asks the
-//     responder for that region; the responder's device passes the memfd (SCM_RIGHTS) if
+//     responder for that region; the responder passes the memfd (SCM_RIGHTS) if
 //     the key names a region of the responder QP's PD that grants a remote access, and
 //     read-only when it grants remote read only. The requester maps it, copies the
 //     payload straight into it, then sends the request, which the responder checks (QP
@@ -72,4 +77,10 @@
 //     see a refused write's bytes land. The requester forgets its mappings whenever a
 //     request is dropped or refused.
 //   - MaxRdAtomic and MaxDestRdAtomic are accepted but not enforced.
+//
+// # Fault injection
+//
+// [Provider.BreakQP], [Provider.DelayQP], [Provider.FailQP], [Provider.FailAllocs] and
+// [Provider.SetPortState] inject faults on this process's side, as verbs/soft's do (they
+// implement verbstest.Faults and verbstest.PortFaults).
 package shm

@@ -12,15 +12,13 @@ import (
 	"github.com/rsockio/rsock/verbs"
 )
 
-// fakeDevice listens on the socket of a made-up device and runs script on every
-// connection a requester makes to it, after reading the requester's hello and first
-// request. It stops when the test ends.
-func fakeDevice(t *testing.T, script func(c *net.UnixConn)) verbs.GID {
+// fakeQP listens on the socket of a made-up QP and runs script on every connection a
+// requester makes to it, after reading the requester's hello and first request. It
+// returns the QP's number, and stops when the test ends.
+func fakeQP(t *testing.T, script func(c *net.UnixConn)) uint32 {
 	t.Helper()
-	var gid verbs.GID
-	gid[0], gid[1] = 0xfe, 0x80
-	rand.Read(gid[8:])
-	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: socketName(gid), Net: "unixpacket"})
+	q := &QP{}
+	ln, err := listenQP(q)
 	require.NoError(t, err)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -63,7 +61,7 @@ func fakeDevice(t *testing.T, script func(c *net.UnixConn)) verbs.GID {
 		mu.Unlock()
 		wg.Wait()
 	})
-	return gid
+	return q.qpn
 }
 
 // sealedMemfd returns a memfd of size bytes, sealed against shrinking if sealed.
@@ -124,9 +122,9 @@ func TestHostileResponder(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p := newProvider(t, 1)
-			gid := fakeDevice(t, func(c *net.UnixConn) { tt.script(t, c) })
+			qpn := fakeQP(t, func(c *net.UnixConn) { tt.script(t, c) })
 			a := newEnd(t, p, "shm0", 4096)
-			a.link(t, gid, 0x100, 8, 2) // ACK timeout about 1 ms, 2 retries
+			a.link(t, a.gid, qpn, 8, 2) // ACK timeout about 1 ms, 2 retries
 			wr := writeImm(1, a.mr, a.mr, 0, 64)
 			wr.RKey = 1
 			require.NoError(t, a.qp.PostSend([]verbs.SendWR{wr}))
@@ -144,9 +142,10 @@ func TestHostileRequester(t *testing.T) {
 	a := newEnd(t, p, "shm0", 4096)
 	b := newEnd(t, p, "shm1", 4096)
 	connectEnds(t, a, b, 14, 3)
-	hello := func(dst uint32) []byte {
-		return (&msg{kind: msgHello, srcQPN: a.qp.QPN(), dstQPN: dst, srcGID: a.gid}).encode(nil)
+	hello := func(src, dst uint32) []byte {
+		return (&msg{kind: msgHello, srcQPN: src, dstQPN: dst, srcGID: a.gid}).encode(nil)
 	}
+	aq, bq := a.qp.QPN(), b.qp.QPN()
 	write := (&msg{kind: msgRequest, op: opWrite, rkey: b.mr.RKey(), length: 8, addr: b.mr.Addr()}).encode(nil)
 	tests := []struct {
 		name   string
@@ -156,16 +155,16 @@ func TestHostileRequester(t *testing.T) {
 	}{
 		{"Garbage", [][]byte{{0xff}}, false, nil},
 		{"RequestBeforeHello", [][]byte{write}, false, nil},
-		{"SecondHello", [][]byte{hello(b.qp.QPN()), hello(b.qp.QPN())}, false, nil},
-		{"TruncatedRequest", [][]byte{hello(b.qp.QPN()), write[:10]}, false, nil},
-		{"Oversized", [][]byte{hello(b.qp.QPN()), make([]byte, maxMsg+10)}, false, nil},
-		{"Descriptor", [][]byte{hello(b.qp.QPN()), write}, true, nil},
-		{"UnknownQP", [][]byte{hello(0xabcdef), write}, false, (&msg{kind: msgResponse, respKind: respDrop}).encode(nil)},
-		{"NotItsPeer", [][]byte{hello(b.qp.QPN() + 77), write}, false, (&msg{kind: msgResponse, respKind: respDrop}).encode(nil)},
+		{"SecondHello", [][]byte{hello(aq, bq), hello(aq, bq)}, false, nil},
+		{"TruncatedRequest", [][]byte{hello(aq, bq), write[:10]}, false, nil},
+		{"Oversized", [][]byte{hello(aq, bq), make([]byte, maxMsg+10)}, false, nil},
+		{"Descriptor", [][]byte{hello(aq, bq), write}, true, nil},
+		{"HelloForAnotherQP", [][]byte{hello(aq, bq ^ 1), write}, false, nil},
+		{"NotItsPeer", [][]byte{hello(aq ^ 1, bq), write}, false, (&msg{kind: msgResponse, respKind: respDrop}).encode(nil)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: socketName(b.gid), Net: "unixpacket"})
+			c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: qpSocketName(bq), Net: "unixpacket"})
 			require.NoError(t, err)
 			defer c.Close()
 			for i, d := range tt.send {

@@ -3,11 +3,13 @@ package shm
 import (
 	"context"
 	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/netip"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -52,8 +54,10 @@ type Provider struct {
 
 	allocFail [len(allocKinds)]atomic.Int64 // pending injected allocation failures (faults.go)
 
-	closeOnce sync.Once
-	wg        sync.WaitGroup // accept loops and the connections they serve
+	mu      sync.Mutex
+	closers map[io.Closer]struct{} // QP listeners and accepted connections
+	closed  bool
+	wg      sync.WaitGroup // accept loops and the connections they serve
 }
 
 var (
@@ -70,20 +74,13 @@ var (
 type device struct {
 	p    *Provider
 	attr verbs.DeviceAttr
-	gid  verbs.GID
-	ln   *net.UnixListener
 
-	qpMu    sync.RWMutex
-	qps     map[uint32]*QP
-	nextQPN uint32
+	qpMu sync.RWMutex
+	qps  map[uint32]*QP // the device's live QPs
 
 	mrMu    sync.RWMutex
 	mrs     map[uint32]*MR
 	nextKey uint32
-
-	connMu sync.Mutex
-	conns  map[*net.UnixConn]struct{} // accepted connections, closed by Close
-	closed bool
 
 	nQP, nCQ, nMR atomic.Int64
 
@@ -97,68 +94,112 @@ type device struct {
 // Unix socket named after its GID. Close stops them.
 func New(opts Options) (*Provider, error) {
 	n := max(opts.Devices, 1)
-	p := &Provider{allow: map[uint32]bool{uint32(os.Getuid()): true}}
+	p := &Provider{allow: map[uint32]bool{uint32(os.Getuid()): true}, closers: map[io.Closer]struct{}{}}
 	for _, u := range opts.AllowUIDs {
 		p.allow[u] = true
 	}
-	for i := range n {
-		d, err := newDevice(p, i)
-		if err != nil {
-			p.Close()
-			return nil, err
-		}
-		p.devices = append(p.devices, d)
+	port, err := hostPort()
+	if err != nil {
+		return nil, err
 	}
-	for _, d := range p.devices {
-		p.wg.Add(1)
-		go d.acceptLoop()
+	for i := range n {
+		p.devices = append(p.devices, newDevice(p, i, port))
 	}
 	return p, nil
 }
 
-func newDevice(p *Provider, i int) (*device, error) {
-	var gid verbs.GID
-	gid[0], gid[1] = 0xfe, 0x80
-	if _, err := rand.Read(gid[8:]); err != nil {
-		return nil, fmt.Errorf("shm: device GID: %w", err)
-	}
-	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: socketName(gid), Net: "unixpacket"})
-	if err != nil {
-		return nil, fmt.Errorf("shm: listen for device %d: %w", i, err)
-	}
+func newDevice(p *Provider, i int, port verbs.PortAttr) *device {
 	d := &device{
-		p: p, gid: gid, ln: ln,
-		qps: map[uint32]*QP{}, nextQPN: 0x100,
-		mrs:      map[uint32]*MR{},
-		conns:    map[*net.UnixConn]struct{}{},
+		p:   p,
+		qps: map[uint32]*QP{}, mrs: map[uint32]*MR{},
 		contexts: map[*Context]struct{}{},
 	}
-	guid := le.Uint64(gid[8:])
+	var guid [8]byte
+	rand.Read(guid[:])
 	d.attr = verbs.DeviceAttr{
-		Name: fmt.Sprintf("shm%d", i), NodeGUID: guid,
+		Name: fmt.Sprintf("shm%d", i), NodeGUID: le.Uint64(guid[:]),
 		MaxQP: maxQP, MaxQPWR: maxQPWR, MaxSGE: maxSGE, MaxCQ: maxCQ, MaxCQE: maxCQE,
 		MaxMR: maxMR, MaxMRSize: maxRegionSize, MaxInline: maxInline,
 		NumCompVectors: compVectors,
-		Ports: []verbs.PortAttr{{
-			Num: 1, State: verbs.PortActive, MaxMTU: verbs.MTU4096, ActiveMTU: verbs.MTU4096,
-			LinkLayer: verbs.LinkLayerEthernet,
-			GIDs:      []verbs.GIDEntry{{Index: 0, GID: gid, Type: verbs.GIDTypeRoCEv2}},
-		}},
+		Ports:          []verbs.PortAttr{port},
 	}
-	return d, nil
+	return d
 }
 
-// socketName is the abstract socket a device with GID gid listens on.
-func socketName(gid verbs.GID) string { return "@rsock-shm-" + hex.EncodeToString(gid[:]) }
-
-// Close stops the devices: they accept no more peers, and the connections peers made to
-// them close, which peers see as a dead link. Contexts still open keep working locally.
-func (p *Provider) Close() error {
-	p.closeOnce.Do(func() {
-		for _, d := range p.devices {
-			d.shutdown()
+// hostPort returns the port every shm device has: active, Ethernet, with a RoCE v2 GID
+// for each IP address of the host's interfaces (so that a connection finds the device
+// by its local address, as it finds a RoCE NIC), loopback first.
+func hostPort() (verbs.PortAttr, error) {
+	port := verbs.PortAttr{Num: 1, State: verbs.PortActive, MaxMTU: verbs.MTU4096, ActiveMTU: verbs.MTU4096,
+		LinkLayer: verbs.LinkLayerEthernet}
+	add := func(a netip.Addr, netdev string) {
+		g := verbs.GIDFromAddr(a.WithZone(""))
+		for _, e := range port.GIDs {
+			if e.GID == g {
+				return
+			}
 		}
-	})
+		port.GIDs = append(port.GIDs, verbs.GIDEntry{Index: len(port.GIDs), GID: g, Type: verbs.GIDTypeRoCEv2, Netdev: netdev})
+		if !slices.Contains(port.Netdevs, netdev) {
+			port.Netdevs = append(port.Netdevs, netdev)
+		}
+	}
+	add(netip.MustParseAddr("127.0.0.1"), "lo")
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return port, fmt.Errorf("shm: list interfaces: %w", err)
+	}
+	for _, ifc := range ifs {
+		addrs, err := ifc.Addrs()
+		if err != nil {
+			continue
+		}
+		for _, a := range addrs {
+			if pfx, ok := a.(*net.IPNet); ok {
+				if ip, ok := netip.AddrFromSlice(pfx.IP); ok {
+					add(ip.Unmap(), ifc.Name)
+				}
+			}
+		}
+	}
+	return port, nil
+}
+
+// qpSocketName is the abstract Unix socket QP qpn listens on. QP numbers are unique
+// among the processes of a network namespace: a QP takes its number by binding its
+// socket, so requests find the process of their destination QP by its number alone.
+func qpSocketName(qpn uint32) string { return fmt.Sprintf("@rsock-shm-qp-%06x", qpn) }
+
+// track registers c to be closed by Close; it reports false, having closed c, if the
+// provider is closed already.
+func (p *Provider) track(c io.Closer) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		c.Close()
+		return false
+	}
+	p.closers[c] = struct{}{}
+	return true
+}
+
+func (p *Provider) untrack(c io.Closer) {
+	p.mu.Lock()
+	delete(p.closers, c)
+	p.mu.Unlock()
+}
+
+// Close stops the provider's QPs from taking requests: their sockets close, which their
+// peers see as a dead link. QPs should be closed first; Close does not destroy them.
+func (p *Provider) Close() error {
+	p.mu.Lock()
+	p.closed = true
+	cs := p.closers
+	p.closers = map[io.Closer]struct{}{}
+	p.mu.Unlock()
+	for c := range cs {
+		c.Close()
+	}
 	p.wg.Wait()
 	return nil
 }

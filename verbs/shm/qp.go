@@ -1,9 +1,14 @@
 package shm
 
 import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/rsockio/rsock/verbs"
@@ -13,7 +18,7 @@ import (
 // verbs/soft (see the package documentation), between processes.
 //
 // Its send queue (the requester) and receive queue (the responder) have a mutex each. The
-// requester sends one request at a time over its connection to the destination device
+// requester sends one request at a time over its connection to the destination QP
 // and waits for its response before the next (stop-and-wait), which keeps execution and
 // completion in order and makes an RNR NAK or a loss hold back every WR behind it.
 type QP struct {
@@ -24,6 +29,8 @@ type QP struct {
 	recvCQ *CQ
 	caps   verbs.QPCaps
 	sigAll bool
+
+	ln *net.UnixListener // its socket, named after its number (see qpSocketName)
 
 	state  atomic.Int32 // a verbs.QPState
 	closed atomic.Bool
@@ -57,6 +64,7 @@ type sendQueue struct {
 	posted     uint64
 	unreported uint64
 
+	sgid     verbs.GID // the GID the address vector's SGIDIndex names: the hello's source
 	destGID  verbs.GID
 	destQPN  uint32
 	av       verbs.AddressVector
@@ -65,7 +73,7 @@ type sendQueue struct {
 	retry    uint8
 	rnrRetry uint8
 
-	conn     *peerConn // connection to the destination device, nil until first needed
+	conn     *peerConn // connection to the destination QP, nil until first needed
 	busy     bool      // the head WR's request or region query awaits its answer
 	querying bool      // what is busy is a region query
 	deadline time.Time // when busy, the end of its ACK timeout
@@ -163,24 +171,49 @@ func (p *PD) CreateQP(attr verbs.QPInitAttr) (verbs.QP, error) {
 	q.rq.ring = make([]rwqe, c.MaxRecvWR)
 	q.rq.sges = make([]verbs.SGE, c.MaxRecvWR*c.MaxRecvSGE)
 	q.rq.vec = make([][]byte, 0, max(c.MaxRecvSGE, 1))
+	ln, err := listenQP(q)
+	if err != nil {
+		rcq.unuse()
+		scq.unuse()
+		p.refs.release()
+		d.nQP.Add(-1)
+		return nil, fmt.Errorf("shm: create QP: %w: %w", verbs.ErrNoResources, err)
+	}
+	q.ln = ln
 	q.timer = time.AfterFunc(time.Hour, q.runSQ)
 	q.timer.Stop()
 	d.qpMu.Lock()
-	for d.qps[d.nextQPN] != nil || d.nextQPN == 0 {
-		d.nextQPN = (d.nextQPN + 1) & qpnMask
-	}
-	q.qpn = d.nextQPN
-	d.nextQPN = (d.nextQPN + 1) & qpnMask
 	d.qps[q.qpn] = q
 	d.qpMu.Unlock()
+	if !d.p.track(ln) {
+		q.Close()
+		return nil, fmt.Errorf("shm: create QP: provider closed: %w", verbs.ErrClosed)
+	}
+	d.p.wg.Add(1)
+	go q.acceptLoop()
 	return q, nil
 }
 
-// qp returns the live QP numbered qpn, or nil.
-func (d *device) qp(qpn uint32) *QP {
-	d.qpMu.RLock()
-	defer d.qpMu.RUnlock()
-	return d.qps[qpn]
+// listenQP gives q a number no other QP of the network namespace has, by binding the
+// socket that number names, and returns the socket.
+func listenQP(q *QP) (*net.UnixListener, error) {
+	var b [4]byte
+	for range 64 {
+		rand.Read(b[:])
+		qpn := binary.LittleEndian.Uint32(b[:]) & qpnMask
+		if qpn < 0x100 {
+			continue
+		}
+		ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: qpSocketName(qpn), Net: "unixpacket"})
+		if err == nil {
+			q.qpn = qpn
+			return ln, nil
+		}
+		if !errors.Is(err, syscall.EADDRINUSE) {
+			return nil, fmt.Errorf("listen: %w", err)
+		}
+	}
+	return nil, errors.New("no free QP number")
 }
 
 // QPN returns the QP number.
@@ -237,16 +270,19 @@ func (q *QP) ToRTR(attr verbs.RTRAttr) error {
 		return fmt.Errorf("shm: QP %#x: to RTR: a global route (IsGlobal) is needed: %w", q.qpn, verbs.ErrInvalidArgument)
 	case attr.Dest.Port != 1:
 		return fmt.Errorf("shm: QP %#x: to RTR: no port %d: %w", q.qpn, attr.Dest.Port, verbs.ErrInvalidArgument)
-	case attr.Dest.SGIDIndex != 0:
-		return fmt.Errorf("shm: QP %#x: to RTR: GID index %d is empty: %w", q.qpn, attr.Dest.SGIDIndex, verbs.ErrInvalidArgument)
 	case attr.MinRNRTimer > 31:
 		return fmt.Errorf("shm: QP %#x: to RTR: RNR timer %d: %w", q.qpn, attr.MinRNRTimer, verbs.ErrInvalidArgument)
+	}
+	gids := q.dev.attr.Ports[0].GIDs
+	if int(attr.Dest.SGIDIndex) >= len(gids) {
+		return fmt.Errorf("shm: QP %#x: to RTR: GID index %d is empty: %w", q.qpn, attr.Dest.SGIDIndex, verbs.ErrInvalidArgument)
 	}
 	q.lock()
 	defer q.unlock()
 	if err := q.transition("to RTR", verbs.QPStateInit, verbs.QPStateRTR); err != nil {
 		return err
 	}
+	q.sq.sgid = gids[attr.Dest.SGIDIndex].GID
 	q.sq.destGID, q.sq.destQPN, q.sq.av = attr.Dest.DestGID, attr.DestQPN, attr.Dest
 	q.rq.srcGID, q.rq.srcQPN, q.rq.minRNR, q.rq.epsn = attr.Dest.DestGID, attr.DestQPN, attr.MinRNRTimer, attr.RQPSN
 	return nil
@@ -299,7 +335,7 @@ func (q *QP) ToReset() error {
 	q.discardLocked()
 	s := &q.sq
 	s.posted, s.unreported = q.sqPolled.Load(), 0
-	s.destGID, s.destQPN, s.av = verbs.GID{}, 0, verbs.AddressVector{}
+	s.sgid, s.destGID, s.destQPN, s.av = verbs.GID{}, verbs.GID{}, 0, verbs.AddressVector{}
 	s.timeout, s.retry, s.rnrRetry, s.psn = 0, 0, 0, 0
 	r := &q.rq
 	r.posted = q.rqPolled.Load()
@@ -333,6 +369,8 @@ func (q *QP) Close() error {
 	q.discardLocked()
 	q.unlock()
 	q.timer.Stop()
+	q.ln.Close()
+	q.dev.p.untrack(q.ln)
 	q.dev.qpMu.Lock()
 	delete(q.dev.qps, q.qpn)
 	q.dev.qpMu.Unlock()

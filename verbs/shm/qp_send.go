@@ -492,7 +492,7 @@ func (q *QP) succeedLocked(e *wqe) {
 	q.popSendLocked()
 }
 
-// onConnDown handles the loss of the connection to the destination device.
+// onConnDown handles the loss of the connection to the destination QP.
 func (q *QP) onConnDown(c *peerConn) {
 	q.sq.mu.Lock()
 	if q.sq.conn == c && q.sq.busy && q.sq.n > 0 {
