@@ -159,8 +159,8 @@ func TestHostileRequester(t *testing.T) {
 		{"TruncatedRequest", [][]byte{hello(aq, bq), write[:10]}, false, nil},
 		{"Oversized", [][]byte{hello(aq, bq), make([]byte, maxMsg+10)}, false, nil},
 		{"Descriptor", [][]byte{hello(aq, bq), write}, true, nil},
-		{"HelloForAnotherQP", [][]byte{hello(aq, bq ^ 1), write}, false, nil},
-		{"NotItsPeer", [][]byte{hello(aq ^ 1, bq), write}, false, (&msg{kind: msgResponse, respKind: respDrop}).encode(nil)},
+		{"HelloForAnotherQP", [][]byte{hello(aq, bq^1), write}, false, nil},
+		{"NotItsPeer", [][]byte{hello(aq^1, bq), write}, false, (&msg{kind: msgResponse, respKind: respDrop}).encode(nil)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
