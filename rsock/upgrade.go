@@ -75,6 +75,7 @@ const pathProofTimeout = 5 * time.Second
 // upgrade is the outcome of offerRDMA or acceptRDMA.
 type upgrade struct {
 	data    stream // the RDMA data path, or nil
+	shm     bool   // data runs on the same-host shared-memory provider (shm.go)
 	reason  error  // why not RDMA, when data is nil
 	replied bool   // the hello exchange is complete
 }
@@ -90,7 +91,8 @@ type dialState struct {
 // sent. To upgrade, it sends an offer with this side's RDMA endpoint, waits for the
 // server's answer, connects the queue pairs and proves the path.
 func (d *dialState) offerRDMA(ctx context.Context) (upgrade, error) {
-	ep, reason, err := prepareEndpoint(ctx, d.cfg, d.boot, nil)
+	shm := d.cfg.sameHostProvider(d.boot)
+	ep, reason, err := prepareEndpoint(ctx, d.cfg, d.boot, nil, shm)
 	if err != nil {
 		return upgrade{}, err
 	}
@@ -99,7 +101,11 @@ func (d *dialState) offerRDMA(ctx context.Context) (upgrade, error) {
 	}
 	mine := ep.Offer()
 	offer := endpointOf(mine, newNonce())
-	if err := writeHello(d.boot, offerHello(&offer)); err != nil {
+	oh := offerHello(&offer)
+	if shm != nil {
+		oh.caps |= capSHM
+	}
+	if err := writeHello(d.boot, oh); err != nil {
 		ep.Abort()
 		return upgrade{}, fmt.Errorf("send hello: %w", err)
 	}
@@ -115,7 +121,7 @@ func (d *dialState) offerRDMA(ctx context.Context) (upgrade, error) {
 	case h.kind == helloDecline:
 		ep.Abort()
 		return upgrade{reason: &FallbackError{Peer: true, Err: h.reason.err()}, replied: true}, nil
-	case h.kind != helloAccept || !h.offersRDMA():
+	case h.kind != helloAccept || !h.offersRDMA() || h.offersSHM() != (shm != nil):
 		ep.Abort()
 		return upgrade{}, fmt.Errorf("server hello: %w: an %v where an answer belongs", ErrBadHello, h.kind)
 	}
@@ -147,7 +153,7 @@ func (d *dialState) offerRDMA(ctx context.Context) (upgrade, error) {
 		return upgrade{}, fmt.Errorf("send confirmation: %w", err)
 	}
 	conn.Start()
-	return upgrade{data: conn}, nil
+	return upgrade{data: conn, shm: shm != nil}, nil
 }
 
 // proveClient sends the client's proof mine over conn and waits for the server's. It
@@ -206,7 +212,13 @@ type confirmation struct {
 // carrying it, answers the client's proof with its own and waits for the client's
 // confirmation.
 func (a *acceptState) acceptRDMA(ctx context.Context, offer *hello) (upgrade, error) {
-	ep, reason, err := prepareEndpoint(ctx, a.cfg, a.boot, a.budget)
+	var shm verbs.Provider
+	if offer.offersSHM() {
+		if shm = a.cfg.sameHostProvider(a.boot); shm == nil {
+			return upgrade{reason: &FallbackError{Err: errSHMDisabled}}, nil
+		}
+	}
+	ep, reason, err := prepareEndpoint(ctx, a.cfg, a.boot, a.budget, shm)
 	if err != nil {
 		return upgrade{}, err
 	}
@@ -220,7 +232,11 @@ func (a *acceptState) acceptRDMA(ctx context.Context, offer *hello) (upgrade, er
 	}
 	mine := ep.Offer()
 	accept := endpointOf(mine, newNonce())
-	if err := writeHello(a.boot, acceptHello(accept)); err != nil {
+	ah := acceptHello(accept)
+	if shm != nil {
+		ah.caps |= capSHM
+	}
+	if err := writeHello(a.boot, ah); err != nil {
 		conn.Abandon()
 		return upgrade{}, fmt.Errorf("send hello: %w", err)
 	}
@@ -270,7 +286,7 @@ func (a *acceptState) acceptRDMA(ctx context.Context, offer *hello) (upgrade, er
 		return upgrade{}, fmt.Errorf("read confirmation: %w", c.err)
 	case c.b == confirmReady && proven:
 		conn.Start()
-		return upgrade{data: conn}, nil
+		return upgrade{data: conn, shm: shm != nil}, nil
 	case c.b == confirmReady:
 		conn.Abandon()
 		if why == nil {
@@ -332,11 +348,13 @@ func offerOf(e rdmaEndpoint) rdma.Offer {
 // Listener's, ending with the handshake timeout); when ctx ends first, the endpoint is
 // not prepared and err, matching ctx.Err(), fails the handshake: a device too slow to
 // list or open within the handshake timeout is not a reason to overrun it. budget, if
-// not nil, is charged for the endpoint's QP and registered memory.
-func prepareEndpoint(ctx context.Context, cfg *Config, boot bootConn, budget rdma.Budget) (ep *rdma.Endpoint, reason, err error) {
-	p, err := cfg.provider()
-	if err != nil {
-		return nil, &FallbackError{Err: err}, nil
+// not nil, is charged for the endpoint's QP and registered memory. p, if not nil, is
+// the provider to use instead of the configured one (the same-host provider, shm.go).
+func prepareEndpoint(ctx context.Context, cfg *Config, boot bootConn, budget rdma.Budget, p verbs.Provider) (ep *rdma.Endpoint, reason, err error) {
+	if p == nil {
+		if p, err = cfg.provider(); err != nil {
+			return nil, &FallbackError{Err: err}, nil
+		}
 	}
 	ip, ok := localIP(boot)
 	if !ok {
