@@ -134,13 +134,14 @@ func unmap(mem []byte) {
 
 // readLoop reads the answers of the destination QP until the connection ends.
 func (pc *peerConn) readLoop() {
-	buf := make([]byte, regionLen+1)
-	oob := make([]byte, unix.CmsgSpace(4*4))
-	for {
-		n, oobn, flags, _, err := pc.c.ReadMsgUnix(buf, oob)
+	r, err := newMsgReader(pc.c, regionLen+1, unix.CmsgSpace(4*4))
+	for err == nil {
+		var n, oobn, flags int
+		n, oobn, flags, err = r.read()
 		if err != nil {
 			break
 		}
+		buf, oob := r.buf, r.oob
 		fd := -1
 		if oobn > 0 {
 			fds := parseFDs(oob[:oobn])
@@ -262,12 +263,15 @@ func (q *QP) serve(c *net.UnixConn) {
 		c.Close()
 		p.untrack(c)
 	}()
-	buf := make([]byte, maxMsg+1)
-	oob := make([]byte, unix.CmsgSpace(4*8))
+	r, err := newMsgReader(c, maxMsg+1, unix.CmsgSpace(4*8))
+	if err != nil {
+		return
+	}
+	buf, oob := r.buf, r.oob
 	out := make([]byte, 0, regionLen)
 	var src requester
 	for said := false; ; said = true {
-		n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
+		n, oobn, flags, err := r.read()
 		if err != nil {
 			return
 		}

@@ -21,7 +21,7 @@ type end struct {
 
 // newEnd opens device dev of p and creates an end whose QP is in RESET; everything is
 // destroyed when the test ends.
-func newEnd(t *testing.T, p verbs.Provider, dev string, mrSize int) *end {
+func newEnd(t testing.TB, p verbs.Provider, dev string, mrSize int) *end {
 	t.Helper()
 	e := &end{}
 	var err error
@@ -49,7 +49,7 @@ func newEnd(t *testing.T, p verbs.Provider, dev string, mrSize int) *end {
 
 // link moves e's QP to RTS, connected to QP qpn of the device whose GID is gid, with
 // the given ACK timeout and retry count.
-func (e *end) link(t *testing.T, gid verbs.GID, qpn uint32, timeout, retry uint8) {
+func (e *end) link(t testing.TB, gid verbs.GID, qpn uint32, timeout, retry uint8) {
 	t.Helper()
 	require.NoError(t, e.qp.ToInit(verbs.InitAttr{Port: 1, Access: verbs.AccessRemoteWrite | verbs.AccessRemoteRead}))
 	require.NoError(t, e.qp.ToRTR(verbs.RTRAttr{PathMTU: verbs.MTU4096, DestQPN: qpn,
@@ -58,7 +58,7 @@ func (e *end) link(t *testing.T, gid verbs.GID, qpn uint32, timeout, retry uint8
 }
 
 // connectEnds connects a and b to each other.
-func connectEnds(t *testing.T, a, b *end, timeout, retry uint8) {
+func connectEnds(t testing.TB, a, b *end, timeout, retry uint8) {
 	t.Helper()
 	a.link(t, b.gid, b.qp.QPN(), timeout, retry)
 	b.link(t, a.gid, a.qp.QPN(), timeout, retry)
