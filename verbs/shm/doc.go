@@ -68,7 +68,12 @@
 //
 // # Deviations from hardware
 //
-//   - Requests are executed one at a time per QP (stop-and-wait), not pipelined.
+//   - Requests are executed one at a time per QP (stop-and-wait), not pipelined: each
+//     work request costs a round trip of datagrams and two goroutine wake-ups, which
+//     bounds throughput and latency well below a Unix socket's today.
+//   - An answer that outlasts the ACK timeout (a loaded machine) makes the requester
+//     retransmit over a new connection; the PSN keeps the responder from executing the
+//     request twice.
 //   - SEND payloads are limited to 64 KiB; a longer SEND completes with LOC_LEN_ERR.
 //   - Inline data must lie in memory registered on the same device, as with soft.
 //   - A requester that kept a region mapped copies into it on its own check of the
