@@ -77,6 +77,11 @@ type Config struct {
 	// Config that leaves it false.
 	DisableRDMA bool
 
+	// DisableSHM keeps connections between two processes of one host off shared
+	// memory (see TransportSHM): with no Provider configured, a peer reached over
+	// loopback or at this host's own address is otherwise connected through it.
+	DisableSHM bool
+
 	// Fallback is the transport connections start on, and stay on without RDMA.
 	// Default FallbackTCP.
 	Fallback Fallback

@@ -104,7 +104,8 @@ func (c *Conn) replayPrefix(b []byte) {
 // Transport returns what carries the connection's bytes: "rdma", "rdma+tls", "tcp" or
 // "quic". "rdma+tls" is RDMA carrying TLS 1.3, what a connection bootstrapped over QUIC
 // gets unless both sides set [Config.AllowPlaintextRDMA]; "rdma" is plaintext RDMA, from
-// a TCP bootstrap or with both sides' consent (see the package documentation, Security).
+// a TCP bootstrap or with both sides' consent (see the package documentation, Security);
+// "shm" is shared memory between two processes of one host ([TransportSHM]).
 func (c *Conn) Transport() string { return c.transport }
 
 // FallbackReason returns why the connection does not use RDMA, a [*FallbackError], or

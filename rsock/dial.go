@@ -155,7 +155,7 @@ func (d *dialState) handshake(ctx context.Context) (*Conn, error) {
 		return nil, err
 	}
 	if up.data != nil {
-		c := newRDMAConn(d.boot, up.data)
+		c := newUpgradedConn(d.boot, up)
 		return c, secureClient(ctx, c, d.cfg) // secure.go: no plaintext under a QUIC bootstrap
 	}
 	c := newConn(d.boot, d.transport, up.reason)

@@ -45,10 +45,11 @@ func Example() {
 		log.Fatal(err)
 	}
 	fmt.Print(line)
-	// Where both ends have an RDMA device (a build with -tags rdma on such a machine),
-	// c.Transport() is "rdma"; elsewhere it is "tcp", and c.FallbackReason() says why,
+	// Here both ends are on one host, so c.Transport() is "shm" (shared memory).
+	// Between hosts that both have an RDMA device (a build with -tags rdma on such a
+	// machine), it is "rdma"; elsewhere it is "tcp", and c.FallbackReason() says why,
 	// e.g. an error matching rsock.ErrNoProvider.
-	if c.Transport() != rsock.TransportRDMA && c.FallbackReason() == nil {
+	if c.Transport() == rsock.TransportTCP && c.FallbackReason() == nil {
 		fmt.Println("a fallback without a reason")
 	}
 	// Output:

@@ -74,7 +74,7 @@ func (l *Listener) answer(ctx context.Context, raw bootConn, transport string, h
 		case err != nil:
 			return nil, fmt.Errorf("upgrade to rdma: %w", err)
 		case up.data != nil:
-			return newRDMAConn(raw, up.data), nil
+			return newUpgradedConn(raw, up), nil
 		case up.replied:
 			return newConn(raw, transport, up.reason), nil
 		}

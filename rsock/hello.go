@@ -43,7 +43,9 @@ import (
 //	+---------------------------------------------------------------+
 //
 // Bit 0 of Capabilities (capRDMA) says the sender offers RDMA and describes its endpoint;
-// other bits are reserved, sent as zero and ignored. An accept always has bit 0 set.
+// bit 1 (capSHM, with bit 0 only) says that endpoint is on the same-host shared-memory
+// transport (shm.go); other bits are reserved, sent as zero and ignored. An accept
+// always has bit 0 set.
 // The RDMA endpoint is what the peer needs to connect its queue pair to the sender's,
 // and a nonce that binds the proof (proof.go) to this bootstrap connection:
 //
@@ -269,7 +271,10 @@ func decodeHello(b []byte) (hello, int, error) {
 			return hello{}, 0, fmt.Errorf("%w: %v body of %d bytes is shorter than %d", ErrBadHello, h.kind, len(body), helloCapsLen)
 		}
 		h.caps = helloCaps(binary.BigEndian.Uint32(body))
-		h.caps &= capRDMA // reserved bits are ignored
+		h.caps &= capRDMA | capSHM // reserved bits are ignored
+		if h.caps&capRDMA == 0 {
+			h.caps = 0 // capSHM qualifies an RDMA endpoint (shm.go)
+		}
 		if !h.offersRDMA() {
 			if h.kind == helloAccept {
 				return hello{}, 0, fmt.Errorf("%w: accept without an RDMA endpoint", ErrBadHello)

@@ -16,6 +16,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if runSHMEchoIfAsked() { // the server process of TestSHMTwoProcesses (shm_test.go)
+		return
+	}
 	goleak.VerifyTestMain(m)
 }
 
@@ -23,10 +26,11 @@ func TestMain(m *testing.M) {
 var transports = []Fallback{FallbackTCP, FallbackQUIC}
 
 // configs returns a server and a client Config for fallback f; QUIC gets the test
-// certificate.
+// certificate. They keep loopback connections off shared memory (shm_test.go tests
+// it), so that tests of the fallbacks and the providers see what they test.
 func configs(t testing.TB, f Fallback) (server, client *Config) {
 	t.Helper()
-	server, client = &Config{Fallback: f}, &Config{Fallback: f}
+	server, client = &Config{Fallback: f, DisableSHM: true}, &Config{Fallback: f, DisableSHM: true}
 	if f == FallbackQUIC {
 		st, ct, err := testcert.Configs()
 		require.NoError(t, err)

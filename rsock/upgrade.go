@@ -75,6 +75,7 @@ const pathProofTimeout = 5 * time.Second
 // upgrade is the outcome of offerRDMA or acceptRDMA.
 type upgrade struct {
 	data    stream // the RDMA data path, or nil
+	shm     bool   // data runs on the same-host shared-memory provider (shm.go)
 	reason  error  // why not RDMA, when data is nil
 	replied bool   // the hello exchange is complete
 }
@@ -111,9 +112,13 @@ func (d *dialState) sendMagic() error {
 
 // deviceCold reports whether this side would prepare an RDMA endpoint on a device that
 // is not warm (rdma.Warm): one whose listing or opening can take long. Without a
-// provider, or with a warm device, the hello goes out in one write.
-func (d *dialState) deviceCold() bool {
+// provider, or with a warm device, the hello goes out in one write. shm, when not nil, is
+// the same-host provider this dial uses in place of Config's.
+func (d *dialState) deviceCold(shm verbs.Provider) bool {
 	p, err := d.cfg.provider()
+	if shm != nil {
+		p, err = shm, nil
+	}
 	if err != nil {
 		return false
 	}
@@ -138,12 +143,13 @@ func (d *dialState) sendHello(h hello) error {
 // sending the hello's magic: see sendMagic), sends an offer with it, waits for the
 // server's answer, connects the queue pairs and proves the path.
 func (d *dialState) offerRDMA(ctx context.Context) (upgrade, error) {
-	if d.deviceCold() {
+	shm := d.cfg.sameHostProvider(d.boot)
+	if d.deviceCold(shm) {
 		if err := d.sendMagic(); err != nil {
 			return upgrade{}, err
 		}
 	}
-	ep, reason, err := prepareEndpoint(ctx, d.cfg, d.boot, nil)
+	ep, reason, err := prepareEndpoint(ctx, d.cfg, d.boot, nil, shm)
 	if err != nil {
 		return upgrade{}, err
 	}
@@ -152,7 +158,11 @@ func (d *dialState) offerRDMA(ctx context.Context) (upgrade, error) {
 	}
 	mine := ep.Offer()
 	offer := endpointOf(mine, newNonce())
-	if err := d.sendHello(offerHello(&offer)); err != nil {
+	oh := offerHello(&offer)
+	if shm != nil {
+		oh.caps |= capSHM
+	}
+	if err := d.sendHello(oh); err != nil {
 		ep.Abort()
 		return upgrade{}, err
 	}
@@ -167,7 +177,7 @@ func (d *dialState) offerRDMA(ctx context.Context) (upgrade, error) {
 	case h.kind == helloDecline:
 		ep.Abort()
 		return upgrade{reason: &FallbackError{Peer: true, Err: h.reason.err()}, replied: true}, nil
-	case h.kind != helloAccept || !h.offersRDMA():
+	case h.kind != helloAccept || !h.offersRDMA() || h.offersSHM() != (shm != nil):
 		ep.Abort()
 		return upgrade{}, fmt.Errorf("server hello: %w: an %v where an answer belongs", ErrBadHello, h.kind)
 	}
@@ -199,7 +209,7 @@ func (d *dialState) offerRDMA(ctx context.Context) (upgrade, error) {
 		return upgrade{}, fmt.Errorf("send confirmation: %w", err)
 	}
 	conn.Start()
-	return upgrade{data: conn}, nil
+	return upgrade{data: conn, shm: shm != nil}, nil
 }
 
 // proveClient sends the client's proof mine over conn and waits for the server's. It
@@ -259,7 +269,13 @@ type confirmation struct {
 // carrying it, answers the client's proof with its own and waits for the client's
 // confirmation.
 func (a *acceptState) acceptRDMA(ctx context.Context, offer *hello) (upgrade, error) {
-	ep, reason, err := prepareEndpoint(ctx, a.cfg, a.boot, a.budget)
+	var shm verbs.Provider
+	if offer.offersSHM() {
+		if shm = a.cfg.sameHostProvider(a.boot); shm == nil {
+			return upgrade{reason: &FallbackError{Err: errSHMDisabled}}, nil
+		}
+	}
+	ep, reason, err := prepareEndpoint(ctx, a.cfg, a.boot, a.budget, shm)
 	if err != nil {
 		return upgrade{}, err
 	}
@@ -273,7 +289,11 @@ func (a *acceptState) acceptRDMA(ctx context.Context, offer *hello) (upgrade, er
 	}
 	mine := ep.Offer()
 	accept := endpointOf(mine, newNonce())
-	if err := writeHello(a.boot, acceptHello(accept)); err != nil {
+	ah := acceptHello(accept)
+	if shm != nil {
+		ah.caps |= capSHM
+	}
+	if err := writeHello(a.boot, ah); err != nil {
 		conn.Abandon()
 		return upgrade{}, fmt.Errorf("send hello: %w", err)
 	}
@@ -324,7 +344,7 @@ func (a *acceptState) acceptRDMA(ctx context.Context, offer *hello) (upgrade, er
 		return upgrade{}, fmt.Errorf("read confirmation: %w", c.err)
 	case c.b == confirmReady && proven:
 		conn.Start()
-		return upgrade{data: conn}, nil
+		return upgrade{data: conn, shm: shm != nil}, nil
 	case c.b == confirmReady:
 		conn.Abandon()
 		if why == nil {
@@ -386,11 +406,13 @@ func offerOf(e rdmaEndpoint) rdma.Offer {
 // Listener's, ending with the handshake timeout); when ctx ends first, the endpoint is
 // not prepared and err, matching ctx.Err(), fails the handshake: a device too slow to
 // list or open within the handshake timeout is not a reason to overrun it. budget, if
-// not nil, is charged for the endpoint's QP and registered memory.
-func prepareEndpoint(ctx context.Context, cfg *Config, boot bootConn, budget rdma.Budget) (ep *rdma.Endpoint, reason, err error) {
-	p, err := cfg.provider()
-	if err != nil {
-		return nil, &FallbackError{Err: err}, nil
+// not nil, is charged for the endpoint's QP and registered memory. p, if not nil, is
+// the provider to use instead of the configured one (the same-host provider, shm.go).
+func prepareEndpoint(ctx context.Context, cfg *Config, boot bootConn, budget rdma.Budget, p verbs.Provider) (ep *rdma.Endpoint, reason, err error) {
+	if p == nil {
+		if p, err = cfg.provider(); err != nil {
+			return nil, &FallbackError{Err: err}, nil
+		}
 	}
 	ip, ok := localIP(boot)
 	if !ok {

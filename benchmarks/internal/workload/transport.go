@@ -33,6 +33,7 @@ const (
 	RawQUIC        = "RawQUIC"
 	RsockQUIC      = "RsockQUIC"
 	Unix           = "Unix"
+	RsockSHM       = "RsockSHM"
 	Pipe           = "Pipe"
 )
 
@@ -70,6 +71,8 @@ var transports = []Transport{
 	{Name: RawQUIC, Kind: "quic", Desc: "one quic-go stream per QUIC connection"},
 	{Name: RsockQUIC, Kind: "quic", Baseline: RawQUIC, Desc: "rsock.Conn on its QUIC fallback"},
 	{Name: Unix, Kind: "ref", Baseline: RawTCP, Desc: "*net.UnixConn (reference)"},
+	{Name: RsockSHM, Kind: "shm", Baseline: Unix,
+		Desc: "rsock.Conn upgraded to shared memory between two processes of one host (verbs/shm)"},
 	{Name: Pipe, Kind: "ref", Baseline: RawTCP, LocalOnly: true,
 		Desc: "net.Pipe, synchronous and in memory (reference)"},
 }
@@ -275,7 +278,7 @@ func newSides(t Transport, o Options) (*sides, error) {
 		st.NextProtos, ct.NextProtos = []string{fallback.NextProto}, []string{fallback.NextProto}
 		s.listen = func(addr string) (net.Listener, error) { return listenQUIC(addr, st) }
 		s.dial = func(ctx context.Context, addr string) (net.Conn, error) { return dialQUIC(ctx, addr, ct) }
-	case RsockTCP, RsockQUIC, RsockRDMA, RsockRDMATLS:
+	case RsockTCP, RsockQUIC, RsockRDMA, RsockRDMATLS, RsockSHM:
 		scfg, ccfg := &rsock.Config{}, &rsock.Config{}
 		want := rsock.TransportTCP
 		if t.Name == RsockRDMATLS {
@@ -300,6 +303,11 @@ func newSides(t Transport, o Options) (*sides, error) {
 			// A provider without devices keeps the connections on their fallback, even
 			// in a build whose default provider would find a device.
 			scfg.Provider, ccfg.Provider = noDevices{}, noDevices{}
+		case RsockSHM: // the default Config, on loopback
+			want = rsock.TransportSHM
+			for _, c := range []*rsock.Config{scfg, ccfg} {
+				c.RingSize, c.SendBufferSize, c.RecvWQEs, c.PollSpin = o.RingSize, o.SendBufferSize, o.RecvWQEs, o.PollSpin
+			}
 		case RsockRDMA, RsockRDMATLS:
 			want = rsock.TransportRDMA
 			if t.Name == RsockRDMATLS {

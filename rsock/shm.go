@@ -1,0 +1,73 @@
+package rsock
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/auto"
+)
+
+// Same host: two processes of one host connect through shared memory rather than a NIC
+// or TCP. The client offers it when its bootstrap connection's peer is on this host
+// (reached over loopback, or at this side's own address) and no provider is configured
+// (Config.Provider nil: an explicit provider is the user's choice); its offer then
+// carries capSHM, and its endpoint is a QP of the same-host provider (verbs/auto's
+// SameHost, verbs/shm). The server answers in kind, or declines with its reason. The
+// path is proven as any RDMA path is (proof.go): the proof can cross only if the
+// client's QP reached the Unix socket the server's QP listens on, in the same network
+// namespace, as the same user (SO_PEERCRED); shm then passes its regions' memfds over
+// that socket. A connection upgraded this way reports Transport() == TransportSHM.
+
+// TransportSHM is the transport of a connection between two processes of one host
+// through shared memory.
+const TransportSHM = "shm"
+
+// capSHM, in an offer or accept that has capRDMA, says that the RDMA endpoint is a QP of
+// the same-host shared-memory provider. Version 2 peers that predate it ignore it as a
+// reserved bit, and their proof fails: such a client or server falls back with a reason.
+const capSHM helloCaps = 1 << 1
+
+// offersSHM reports whether an offer's or accept's RDMA endpoint is on shared memory.
+func (h hello) offersSHM() bool { return h.caps&(capRDMA|capSHM) == capRDMA|capSHM }
+
+// errSHMDisabled is the reason a server gives for declining a same-host offer.
+var errSHMDisabled = fmt.Errorf("%w: same-host shared memory disabled (Config.DisableSHM, DisableRDMA, an explicit Provider or a QUIC bootstrap)", ErrNoProvider)
+
+// sameHostProvider returns the provider of a same-host upgrade for boot, or nil when
+// there is none: shm disabled, a provider configured, an encrypted bootstrap (QUIC: it
+// stays encrypted), or a peer elsewhere.
+func (c *Config) sameHostProvider(boot bootConn) verbs.Provider {
+	if c.DisableRDMA || c.DisableSHM || c.Provider != nil || c.Fallback == FallbackQUIC || !sameHost(boot) {
+		return nil
+	}
+	p, err := auto.SameHost()
+	if err != nil {
+		return nil
+	}
+	return p
+}
+
+// sameHost reports whether boot's peer is on this host: a loopback address, or this
+// side's own address.
+func sameHost(boot bootConn) bool {
+	addr := func(a net.Addr) netip.Addr {
+		if ap, err := netip.ParseAddrPort(a.String()); err == nil {
+			return ap.Addr().Unmap()
+		}
+		return netip.Addr{}
+	}
+	r := addr(boot.RemoteAddr())
+	return r.IsValid() && (r.IsLoopback() || r == addr(boot.LocalAddr()))
+}
+
+// newUpgradedConn returns the Conn of an upgrade that moved the data path to RDMA or
+// shared memory.
+func newUpgradedConn(boot bootConn, up upgrade) *Conn {
+	c := newRDMAConn(boot, up.data)
+	if up.shm {
+		c.transport = TransportSHM
+	}
+	return c
+}

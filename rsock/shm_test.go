@@ -1,0 +1,172 @@
+package rsock
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// shmEchoEnv, in a re-executed test binary's environment, makes it an rsock echo server
+// for TestSHMTwoProcesses: it listens on loopback with the default Config, prints its
+// address, echoes one connection and exits.
+const shmEchoEnv = "RSOCK_SHM_ECHO"
+
+// runSHMEchoIfAsked runs the echo server and reports true if this process is one.
+func runSHMEchoIfAsked() bool {
+	if os.Getenv(shmEchoEnv) == "" {
+		return false
+	}
+	if err := shmEcho(); err != nil {
+		fmt.Fprintln(os.Stderr, "shm echo server:", err)
+		os.Exit(1)
+	}
+	return true
+}
+
+func shmEcho() error {
+	ln, err := Listen("tcp", "127.0.0.1:0", nil)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	fmt.Println(ln.Addr())
+	c, err := ln.Accept()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if tr := c.(*Conn).Transport(); tr != TransportSHM {
+		return fmt.Errorf("accepted a connection over %s (%v)", tr, c.(*Conn).FallbackReason())
+	}
+	if _, err := io.Copy(c, c); err != nil && !errors.Is(err, net.ErrClosed) {
+		return err
+	}
+	return nil
+}
+
+// TestSHMTwoProcesses: a client and a server in two processes of this host, with the
+// default Config, connect over shared memory, and bytes cross both ways intact.
+func TestSHMTwoProcesses(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), shmEchoEnv+"=1")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	defer func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	}()
+	line, err := bufio.NewReader(out).ReadString('\n')
+	require.NoError(t, err, "the server's address (stderr: %s)", &stderr)
+
+	c, err := Dial("tcp", strings.TrimSpace(line), nil)
+	require.NoError(t, err)
+	defer c.Close()
+	require.Equal(t, TransportSHM, c.Transport(), "fallback reason: %v", c.FallbackReason())
+
+	want := make([]byte, 4<<20)
+	for i := range want {
+		want[i] = byte(i*7 + i>>10)
+	}
+	got := make([]byte, len(want))
+	read := make(chan error, 1)
+	go func() {
+		_, err := io.ReadFull(c, got)
+		read <- err
+	}()
+	_, err = c.Write(want)
+	require.NoError(t, err)
+	require.NoError(t, <-read)
+	require.True(t, bytes.Equal(want, got), "echoed bytes differ")
+	require.NoError(t, c.CloseWrite())
+	require.NoError(t, cmd.Wait(), "the server (stderr: %s)", &stderr)
+}
+
+// TestSHMSelection: which side's Config keeps a same-host connection off shared memory,
+// and the reason each side then gives.
+func TestSHMSelection(t *testing.T) {
+	tests := []struct {
+		name           string
+		server, client *Config
+		want           string
+		reason         error // the client's
+	}{
+		{"Default", nil, nil, TransportSHM, nil},
+		{"ClientDisables", nil, &Config{DisableSHM: true}, TransportTCP, ErrNoProvider},
+		{"ServerDisables", &Config{DisableSHM: true}, nil, TransportTCP, ErrNoProvider},
+		{"ClientDisablesRDMA", nil, &Config{DisableRDMA: true}, TransportTCP, ErrNoProvider},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ln := listen(t, tt.server)
+			accepted := make(chan *Conn, 1)
+			go func() {
+				c, err := ln.Accept()
+				if err != nil {
+					accepted <- nil
+					return
+				}
+				accepted <- c.(*Conn)
+			}()
+			c, err := Dial("tcp", ln.Addr().String(), tt.client)
+			require.NoError(t, err)
+			defer c.Close()
+			_, err = c.Write([]byte("ping"))
+			require.NoError(t, err)
+			s := <-accepted
+			require.NotNil(t, s)
+			defer s.Close()
+			buf := make([]byte, 4)
+			_, err = io.ReadFull(s, buf)
+			require.NoError(t, err)
+			require.Equal(t, "ping", string(buf))
+			require.Equal(t, tt.want, c.Transport(), "client transport (reason %v)", c.FallbackReason())
+			require.Equal(t, tt.want, s.Transport(), "server transport (reason %v)", s.FallbackReason())
+			if tt.reason != nil {
+				require.ErrorIs(t, c.FallbackReason(), tt.reason)
+			} else {
+				require.NoError(t, c.FallbackReason())
+			}
+		})
+	}
+}
+
+// TestSameHost: which bootstrap peers are on this host.
+func TestSameHost(t *testing.T) {
+	tcp := func(s string) net.Addr { a, _ := net.ResolveTCPAddr("tcp", s); return a }
+	tests := []struct {
+		local, remote string
+		want          bool
+	}{
+		{"127.0.0.1:1", "127.0.0.1:2", true},
+		{"127.0.0.1:1", "127.0.0.2:2", true},
+		{"[::1]:1", "[::1]:2", true},
+		{"10.0.0.1:1", "10.0.0.1:2", true},
+		{"10.0.0.1:1", "10.0.0.2:2", false},
+		{"[::ffff:10.0.0.1]:1", "10.0.0.1:2", true},
+	}
+	for _, tt := range tests {
+		got := sameHost(fakeBoot{local: tcp(tt.local), remote: tcp(tt.remote)})
+		require.Equal(t, tt.want, got, "sameHost(%s → %s)", tt.local, tt.remote)
+	}
+}
+
+// fakeBoot is a bootstrap connection that has only addresses.
+type fakeBoot struct {
+	bootConn
+	local, remote net.Addr
+}
+
+func (f fakeBoot) LocalAddr() net.Addr  { return f.local }
+func (f fakeBoot) RemoteAddr() net.Addr { return f.remote }

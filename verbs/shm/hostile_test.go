@@ -1,0 +1,230 @@
+package shm
+
+import (
+	"crypto/rand"
+	"net"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/rsockio/rsock/verbs"
+)
+
+// fakeQP listens on the socket of a made-up QP and runs script on every connection a
+// requester makes to it, after reading the requester's hello and first request. It
+// returns the QP's number, and stops when the test ends.
+func fakeQP(t *testing.T, script func(c *net.UnixConn)) uint32 {
+	t.Helper()
+	q := &QP{}
+	ln, err := listenQP(q)
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []*net.UnixConn
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.AcceptUnix()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				buf := make([]byte, maxMsg)
+				for range 2 { // hello, then the first request or query
+					if _, err := c.Read(buf); err != nil {
+						return
+					}
+				}
+				script(c)
+				for { // hold the connection until the requester drops it
+					if _, err := c.Read(buf); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return q.qpn
+}
+
+// sealedMemfd returns a memfd of size bytes, sealed against shrinking if sealed.
+func sealedMemfd(t *testing.T, size int, sealed bool) int {
+	t.Helper()
+	fd, err := unix.MemfdCreate("test", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	require.NoError(t, err)
+	require.NoError(t, unix.Ftruncate(fd, int64(size)))
+	if sealed {
+		_, err = unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK)
+		require.NoError(t, err)
+	}
+	return fd
+}
+
+// TestHostileResponder: a responder that answers with garbage, or passes a region that
+// could fault (unsealed, smaller than it claims, not a memfd), ends the requester's WR in
+// RETRY_EXC_ERR and its QP in ERROR: a clean error, no crash, no hang.
+func TestHostileResponder(t *testing.T) {
+	region := func(size uint64) []byte {
+		return (&msg{kind: msgRegion, ok: true, rkey: 1, access: 7, addr: 1 << 30, size: size}).encode(nil)
+	}
+	tests := []struct {
+		name   string
+		script func(t *testing.T, c *net.UnixConn)
+	}{
+		{"Garbage", func(t *testing.T, c *net.UnixConn) { c.Write([]byte{0xff, 1, 2, 3}) }},
+		{"RegionWithoutDescriptor", func(t *testing.T, c *net.UnixConn) { c.Write(region(4096)) }},
+		{"DescriptorWithResponse", func(t *testing.T, c *net.UnixConn) {
+			fd := sealedMemfd(t, 4096, true)
+			defer unix.Close(fd)
+			c.WriteMsgUnix((&msg{kind: msgResponse, respKind: respAck}).encode(nil), unix.UnixRights(fd), nil)
+		}},
+		{"UnsealedRegion", func(t *testing.T, c *net.UnixConn) {
+			fd := sealedMemfd(t, 4096, false)
+			defer unix.Close(fd)
+			c.WriteMsgUnix(region(4096), unix.UnixRights(fd), nil)
+		}},
+		{"RegionLargerThanMemfd", func(t *testing.T, c *net.UnixConn) {
+			fd := sealedMemfd(t, 4096, true)
+			defer unix.Close(fd)
+			c.WriteMsgUnix(region(1<<20), unix.UnixRights(fd), nil)
+		}},
+		{"RegionThatIsAPipe", func(t *testing.T, c *net.UnixConn) {
+			var p [2]int
+			require.NoError(t, unix.Pipe2(p[:], unix.O_CLOEXEC))
+			defer unix.Close(p[0])
+			defer unix.Close(p[1])
+			c.WriteMsgUnix(region(4096), unix.UnixRights(p[0]), nil)
+		}},
+		{"TwoDescriptors", func(t *testing.T, c *net.UnixConn) {
+			fd1, fd2 := sealedMemfd(t, 4096, true), sealedMemfd(t, 4096, true)
+			defer unix.Close(fd1)
+			defer unix.Close(fd2)
+			c.WriteMsgUnix(region(4096), unix.UnixRights(fd1, fd2), nil)
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newProvider(t, 1)
+			qpn := fakeQP(t, func(c *net.UnixConn) { tt.script(t, c) })
+			a := newEnd(t, p, "shm0", 4096)
+			a.link(t, a.gid, qpn, 8, 2) // ACK timeout about 1 ms, 2 retries
+			wr := writeImm(1, a.mr, a.mr, 0, 64)
+			wr.RKey = 1
+			require.NoError(t, a.qp.PostSend([]verbs.SendWR{wr}))
+			wc := pollWait(t, a.cq, 1)[0]
+			require.Equal(t, verbs.WCRetryExcErr, wc.Status, "completion %+v", wc)
+			require.Equal(t, verbs.QPStateError, a.qp.State())
+		})
+	}
+}
+
+// TestHostileRequester: datagrams that break the protocol end that connection only; the
+// device keeps serving, and a request for a QP it does not have is dropped.
+func TestHostileRequester(t *testing.T) {
+	p := newProvider(t, 2)
+	a := newEnd(t, p, "shm0", 4096)
+	b := newEnd(t, p, "shm1", 4096)
+	connectEnds(t, a, b, 14, 3)
+	hello := func(src, dst uint32) []byte {
+		return (&msg{kind: msgHello, srcQPN: src, dstQPN: dst, srcGID: a.gid}).encode(nil)
+	}
+	aq, bq := a.qp.QPN(), b.qp.QPN()
+	write := (&msg{kind: msgRequest, op: opWrite, rkey: b.mr.RKey(), length: 8, addr: b.mr.Addr()}).encode(nil)
+	tests := []struct {
+		name   string
+		send   [][]byte
+		fds    bool // pass a descriptor with the last datagram
+		answer []byte
+	}{
+		{"Garbage", [][]byte{{0xff}}, false, nil},
+		{"RequestBeforeHello", [][]byte{write}, false, nil},
+		{"SecondHello", [][]byte{hello(aq, bq), hello(aq, bq)}, false, nil},
+		{"TruncatedRequest", [][]byte{hello(aq, bq), write[:10]}, false, nil},
+		{"Oversized", [][]byte{hello(aq, bq), make([]byte, maxMsg+10)}, false, nil},
+		{"Descriptor", [][]byte{hello(aq, bq), write}, true, nil},
+		{"HelloForAnotherQP", [][]byte{hello(aq, bq^1), write}, false, nil},
+		{"NotItsPeer", [][]byte{hello(aq^1, bq), write}, false, (&msg{kind: msgResponse, respKind: respDrop}).encode(nil)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: qpSocketName(bq), Net: "unixpacket"})
+			require.NoError(t, err)
+			defer c.Close()
+			for i, d := range tt.send {
+				var oob []byte
+				if tt.fds && i == len(tt.send)-1 {
+					fd := sealedMemfd(t, 4096, true)
+					defer unix.Close(fd)
+					oob = unix.UnixRights(fd)
+				}
+				_, _, err := c.WriteMsgUnix(d, oob, nil)
+				require.NoError(t, err)
+			}
+			buf := make([]byte, 64)
+			n, err := c.Read(buf)
+			if tt.answer == nil {
+				require.Error(t, err, "the device answered %x instead of closing the connection", buf[:n])
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tt.answer, buf[:n])
+		})
+	}
+
+	// The device still serves its real peer.
+	require.NoError(t, b.qp.PostRecv([]verbs.RecvWR{{ID: 1}}))
+	copy(a.mr.Bytes(), "survived")
+	require.NoError(t, a.qp.PostSend([]verbs.SendWR{writeImm(7, a.mr, b.mr, 0, 8)}))
+	wcs := pollWait(t, a.cq, 1)
+	require.Equal(t, verbs.WCSuccess, wcs[0].Status)
+	require.Equal(t, "survived", string(b.mr.Bytes()[:8]))
+}
+
+// TestScribbledRegion: a peer that scribbles over every byte of a region it was given
+// changes those bytes and nothing else: nothing but payload lives in shared memory, so
+// the owner's QPs, CQs and other regions carry on.
+func TestScribbledRegion(t *testing.T) {
+	p := newProvider(t, 2)
+	a := newEnd(t, p, "shm0", 1<<16)
+	b := newEnd(t, p, "shm1", 1<<16)
+	connectEnds(t, a, b, 14, 3)
+	require.NoError(t, b.qp.PostRecv([]verbs.RecvWR{{ID: 1}, {ID: 2}}))
+	require.NoError(t, a.qp.PostSend([]verbs.SendWR{writeImm(1, a.mr, b.mr, 0, 64)}))
+	pollWait(t, a.cq, 1)
+
+	// a's QP has b's region mapped now: scribble over all of it through that mapping.
+	aq := a.qp.(*QP)
+	aq.sq.mu.Lock()
+	r := aq.sq.conn.region(b.mr.RKey())
+	require.NotNil(t, r, "a's mapping of b's region")
+	rand.Read(r.mem)
+	aq.sq.mu.Unlock()
+	require.Equal(t, r.mem[:64], b.mr.Bytes()[:64], "the mapping is b's memory")
+
+	// b's receive completes as before; the next write lands where it is told.
+	wc := pollWait(t, b.cq, 1)[0]
+	require.Equal(t, verbs.WCSuccess, wc.Status)
+	require.Equal(t, uint32(1), wc.Imm)
+	copy(a.mr.Bytes()[128:], "after the scribbling")
+	require.NoError(t, a.qp.PostSend([]verbs.SendWR{writeImm(2, a.mr, b.mr, 128, 20)}))
+	require.Equal(t, verbs.WCSuccess, pollWait(t, a.cq, 1)[0].Status)
+	require.Equal(t, uint32(2), pollWait(t, b.cq, 1)[0].Imm)
+	require.Equal(t, "after the scribbling", string(b.mr.Bytes()[128:148]))
+}

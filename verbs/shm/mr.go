@@ -1,0 +1,202 @@
+package shm
+
+import (
+	"fmt"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rsockio/rsock/verbs"
+)
+
+// MR is a registered memory region. It implements [verbs.MR].
+//
+// Its memory is a memfd mapped shared, sealed against shrinking and growing so that a
+// peer that maps it can never fault on a truncated file. A peer QP whose requests name
+// the region's rkey gets the descriptor (read-only when the region grants remote read
+// only) and maps it; RDMA WRITE and READ then copy straight into and out of it. Addr is
+// the address of the mapping in this process.
+type MR struct {
+	pd     *PD
+	dev    *device
+	fd     int
+	mem    []byte // the whole mapping, whole pages
+	buf    []byte // mem[:length]
+	addr   uint64
+	key    uint32
+	access verbs.AccessFlags
+	closed atomic.Bool
+}
+
+// RegMR allocates length bytes of shared memory and registers them. As ibv_reg_mr(3)
+// requires, remote write access needs local write access too.
+func (p *PD) RegMR(length int, access verbs.AccessFlags) (verbs.MR, error) {
+	d := p.ctx.dev
+	switch {
+	case length < 0 || uint64(length) > maxRegionSize:
+		return nil, fmt.Errorf("shm: register MR of %d bytes (device max %d): %w", length, uint64(maxRegionSize), verbs.ErrInvalidArgument)
+	case access&^validAccess != 0:
+		return nil, fmt.Errorf("shm: register MR: unknown access flags %#x: %w", uint32(access&^validAccess), verbs.ErrInvalidArgument)
+	case access&verbs.AccessRemoteWrite != 0 && access&verbs.AccessLocalWrite == 0:
+		return nil, fmt.Errorf("shm: register MR: remote write access requires local write access: %w", verbs.ErrInvalidArgument)
+	}
+	if err := d.p.injectedFailure(allocMR); err != nil {
+		return nil, fmt.Errorf("shm: register MR: %w", err)
+	}
+	if !reserve(&d.nMR, maxMR) {
+		return nil, fmt.Errorf("shm: register MR: device limit of %d MRs: %w", maxMR, verbs.ErrNoResources)
+	}
+	if err := p.refs.acquire(); err != nil {
+		d.nMR.Add(-1)
+		return nil, fmt.Errorf("shm: register MR: %w", err)
+	}
+	fd, mem, err := newSharedMemory(length)
+	if err != nil {
+		p.refs.release()
+		d.nMR.Add(-1)
+		return nil, fmt.Errorf("shm: register MR of %d bytes: %w: %w", length, verbs.ErrNoResources, err)
+	}
+	m := &MR{pd: p, dev: d, fd: fd, mem: mem, buf: mem[:length:length], access: access}
+	m.addr = uint64(uintptr(unsafe.Pointer(unsafe.SliceData(mem))))
+	d.mrMu.Lock()
+	d.nextKey++
+	m.key = d.nextKey // never reused: a stale key names nothing
+	d.mrs[m.key] = m
+	d.mrMu.Unlock()
+	return m, nil
+}
+
+const page = 4096
+
+// newSharedMemory creates a sealed memfd of at least length bytes (one page at least)
+// and maps it shared.
+func newSharedMemory(length int) (int, []byte, error) {
+	size := max((length+page-1)/page*page, page)
+	fd, err := unix.MemfdCreate("rsock-shm", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return -1, nil, fmt.Errorf("memfd_create: %w", err)
+	}
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		unix.Close(fd)
+		return -1, nil, fmt.Errorf("ftruncate memfd: %w", err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+		unix.Close(fd)
+		return -1, nil, fmt.Errorf("seal memfd: %w", err)
+	}
+	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		unix.Close(fd)
+		return -1, nil, fmt.Errorf("mmap memfd: %w", err)
+	}
+	return fd, mem, nil
+}
+
+// mapPeerRegion maps the memfd a peer passed for a region of size bytes, after checking
+// that it cannot fault: it must be sealed against shrinking and hold size bytes. It maps
+// it writable when the descriptor allows. The descriptor is closed either way.
+func mapPeerRegion(fd int, size uint64) (mem []byte, writable bool, err error) {
+	defer unix.Close(fd)
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err != nil {
+		return nil, false, fmt.Errorf("shm: peer region is not a memfd: %w", err)
+	}
+	if seals&unix.F_SEAL_SHRINK == 0 {
+		return nil, false, fmt.Errorf("shm: peer region can shrink: %w", errMalformed)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, false, fmt.Errorf("shm: stat peer region: %w", err)
+	}
+	if st.Size < 0 || uint64(st.Size) < size || size > maxRegionSize {
+		return nil, false, fmt.Errorf("shm: peer region of %d bytes claims %d: %w", st.Size, size, errMalformed)
+	}
+	fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
+	if err != nil {
+		return nil, false, fmt.Errorf("shm: peer region flags: %w", err)
+	}
+	prot := unix.PROT_READ
+	writable = fl&unix.O_ACCMODE == unix.O_RDWR
+	if writable {
+		prot |= unix.PROT_WRITE
+	}
+	n := max(int(size), 1)
+	mem, err = unix.Mmap(fd, 0, n, prot, unix.MAP_SHARED)
+	if err != nil {
+		return nil, false, fmt.Errorf("shm: map peer region: %w", err)
+	}
+	return mem[:size:size], writable, nil
+}
+
+// shareFD returns a new descriptor of the region for a peer: a duplicate when it grants
+// remote write, a read-only reopening when it grants remote read only, so that the peer
+// cannot map it writable. The caller closes it. The caller holds m.dev.mrMu for reading.
+func (m *MR) shareFD() (int, error) {
+	if m.access&verbs.AccessRemoteWrite != 0 {
+		fd, err := unix.FcntlInt(uintptr(m.fd), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			return -1, fmt.Errorf("shm: duplicate region descriptor: %w", err)
+		}
+		return fd, nil
+	}
+	fd, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", m.fd), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("shm: reopen region read-only: %w", err)
+	}
+	return fd, nil
+}
+
+// Bytes returns the region's memory.
+func (m *MR) Bytes() []byte { return m.buf }
+
+// Addr returns the address of Bytes()[0].
+func (m *MR) Addr() uint64 { return m.addr }
+
+// LKey returns the local key; shm regions use one key as both local and remote key.
+func (m *MR) LKey() uint32 { return m.key }
+
+// RKey returns the remote key.
+func (m *MR) RKey() uint32 { return m.key }
+
+// Access returns the access rights the region was registered with.
+func (m *MR) Access() verbs.AccessFlags { return m.access }
+
+// Close deregisters the region and unmaps it here. A peer that mapped it keeps its own
+// mapping of the pages, which no longer belong to anything here, and its requests naming
+// the key fail the responder's check.
+func (m *MR) Close() error {
+	if !m.closed.CompareAndSwap(false, true) {
+		return fmt.Errorf("shm: deregister MR: %w", verbs.ErrClosed)
+	}
+	m.dev.mrMu.Lock()
+	delete(m.dev.mrs, m.key)
+	m.dev.mrMu.Unlock()
+	// A request already past its checks may be copying: keep the mapping until no
+	// responder holds the device's region table, as a DMA under way finishes.
+	m.dev.mrMu.Lock()
+	unix.Munmap(m.mem)
+	unix.Close(m.fd)
+	m.dev.mrMu.Unlock()
+	m.dev.nMR.Add(-1)
+	m.pd.refs.release()
+	return nil
+}
+
+// lookupMR returns the live region whose key is key, or nil. The caller holds d.mrMu
+// for reading for as long as it uses the region's memory.
+func (d *device) lookupMRLocked(key uint32) *MR {
+	return d.mrs[key]
+}
+
+// slice returns the bytes [addr, addr+n) of m, or false if they are not all inside m.
+func (m *MR) slice(addr uint64, n uint32) ([]byte, bool) {
+	if addr < m.addr {
+		return nil, false
+	}
+	off := addr - m.addr
+	if off > uint64(len(m.buf)) || uint64(n) > uint64(len(m.buf))-off {
+		return nil, false
+	}
+	return m.buf[off : off+uint64(n) : off+uint64(n)], true
+}

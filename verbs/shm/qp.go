@@ -1,0 +1,458 @@
+package shm
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/rsockio/rsock/verbs"
+)
+
+// QP is a reliable-connected queue pair. It implements [verbs.QP] with the RC rules of
+// verbs/soft (see the package documentation), between processes.
+//
+// Its send queue (the requester) and receive queue (the responder) have a mutex each. The
+// requester sends one request at a time over its connection to the destination QP
+// and waits for its response before the next (stop-and-wait), which keeps execution and
+// completion in order and makes an RNR NAK or a loss hold back every WR behind it.
+type QP struct {
+	dev    *device
+	pd     *PD
+	qpn    uint32
+	sendCQ *CQ
+	recvCQ *CQ
+	caps   verbs.QPCaps
+	sigAll bool
+
+	ln *net.UnixListener // its socket, named after its number (see qpSocketName)
+
+	state  atomic.Int32 // a verbs.QPState
+	closed atomic.Bool
+
+	broken atomic.Bool  // fault injection: requests to and from this QP are lost
+	delay  atomic.Int64 // fault injection: delivery delay of this QP's requests
+
+	// timer drives the send queue while its head waits for an RNR or ACK timeout; it is
+	// also reset to fire at once after a fatal error, to flush the queues.
+	timer *time.Timer
+
+	sqPolled atomic.Uint64 // send-queue slots released by polled completions
+	rqPolled atomic.Uint64 // receive-queue slots released by polled completions
+
+	sq sendQueue
+	rq recvQueue
+}
+
+// sendQueue is the requester side of a QP, guarded by mu.
+type sendQueue struct {
+	mu sync.Mutex
+
+	ring    []wqe
+	head, n int
+	sges    []verbs.SGE
+	inline  []byte
+	scratch []byte
+	vec     [][]byte
+	out     []byte // the datagram being sent
+
+	posted     uint64
+	unreported uint64
+
+	sgid     verbs.GID // the GID the address vector's SGIDIndex names: the hello's source
+	destGID  verbs.GID
+	destQPN  uint32
+	av       verbs.AddressVector
+	psn      uint32 // PSN of the head WR's request
+	timeout  uint8
+	retry    uint8
+	rnrRetry uint8
+
+	conn     *peerConn // connection to the destination QP, nil until first needed
+	busy     bool      // the head WR's request or region query awaits its answer
+	querying bool      // what is busy is a region query
+	deadline time.Time // when busy, the end of its ACK timeout
+	waiting  bool      // the head WR waits for the timer
+}
+
+// recvQueue is the responder side of a QP, guarded by mu.
+type recvQueue struct {
+	mu sync.Mutex
+
+	ring    []rwqe
+	head, n int
+	sges    []verbs.SGE
+	vec     [][]byte
+
+	posted uint64
+
+	access verbs.AccessFlags
+	srcGID verbs.GID
+	srcQPN uint32
+	epsn   uint32 // PSN expected of the next request
+	minRNR uint8
+}
+
+// wqe is a send work request as the send queue holds it.
+type wqe struct {
+	id     uint64
+	op     verbs.Opcode
+	flags  verbs.SendFlags
+	imm    uint32
+	raddr  uint64
+	rkey   uint32
+	sgl    []verbs.SGE
+	inline []byte
+	length uint32
+
+	due       time.Time // with an injected delay, when the request may go
+	queried   bool      // the region rkey names was asked for in this attempt
+	ackWait   bool      // the last attempt was lost: when the timer fires, its ACK timeout expired
+	forever   bool      // lost with ACK timeout 0: waits until flushed
+	rnrLeft   uint8
+	retryLeft uint8
+}
+
+type rwqe struct {
+	id  uint64
+	sgl []verbs.SGE
+}
+
+// CreateQP creates an RC QP in the RESET state with exactly the capacities asked for.
+func (p *PD) CreateQP(attr verbs.QPInitAttr) (verbs.QP, error) {
+	d := p.ctx.dev
+	scq, ok1 := attr.SendCQ.(*CQ)
+	rcq, ok2 := attr.RecvCQ.(*CQ)
+	if !ok1 || !ok2 || scq == nil || rcq == nil || scq.ctx != p.ctx || rcq.ctx != p.ctx {
+		return nil, fmt.Errorf("shm: create QP: send and receive CQs must come from the PD's context: %w", verbs.ErrInvalidArgument)
+	}
+	c := attr.Caps
+	switch {
+	case c.MaxSendWR < 1 || c.MaxSendWR > maxQPWR || c.MaxRecvWR < 0 || c.MaxRecvWR > maxQPWR:
+		return nil, fmt.Errorf("shm: create QP with %d send and %d receive WRs (device max %d): %w", c.MaxSendWR, c.MaxRecvWR, maxQPWR, verbs.ErrInvalidArgument)
+	case c.MaxSendSGE < 0 || c.MaxSendSGE > maxSGE || c.MaxRecvSGE < 0 || c.MaxRecvSGE > maxSGE:
+		return nil, fmt.Errorf("shm: create QP with %d send and %d receive SGEs (device max %d): %w", c.MaxSendSGE, c.MaxRecvSGE, maxSGE, verbs.ErrInvalidArgument)
+	case c.MaxInlineData < 0 || c.MaxInlineData > maxInline:
+		return nil, fmt.Errorf("shm: create QP with %d bytes inline (device max %d): %w", c.MaxInlineData, maxInline, verbs.ErrInvalidArgument)
+	}
+	if err := d.p.injectedFailure(allocQP); err != nil {
+		return nil, fmt.Errorf("shm: create QP: %w", err)
+	}
+	if !reserve(&d.nQP, maxQP) {
+		return nil, fmt.Errorf("shm: create QP: device limit of %d QPs: %w", maxQP, verbs.ErrNoResources)
+	}
+	if err := p.refs.acquire(); err != nil {
+		d.nQP.Add(-1)
+		return nil, fmt.Errorf("shm: create QP: %w", err)
+	}
+	if err := scq.use(); err != nil {
+		p.refs.release()
+		d.nQP.Add(-1)
+		return nil, fmt.Errorf("shm: create QP: send CQ: %w", err)
+	}
+	if err := rcq.use(); err != nil {
+		scq.unuse()
+		p.refs.release()
+		d.nQP.Add(-1)
+		return nil, fmt.Errorf("shm: create QP: receive CQ: %w", err)
+	}
+	q := &QP{dev: d, pd: p, sendCQ: scq, recvCQ: rcq, caps: c, sigAll: attr.SignalAll}
+	q.sq.ring = make([]wqe, c.MaxSendWR)
+	q.sq.sges = make([]verbs.SGE, c.MaxSendWR*c.MaxSendSGE)
+	q.sq.inline = make([]byte, c.MaxSendWR*c.MaxInlineData)
+	q.sq.scratch = make([]byte, c.MaxInlineData)
+	q.sq.vec = make([][]byte, 0, max(c.MaxSendSGE, 1))
+	q.sq.out = make([]byte, 0, requestLen)
+	q.rq.ring = make([]rwqe, c.MaxRecvWR)
+	q.rq.sges = make([]verbs.SGE, c.MaxRecvWR*c.MaxRecvSGE)
+	q.rq.vec = make([][]byte, 0, max(c.MaxRecvSGE, 1))
+	ln, err := listenQP(q)
+	if err != nil {
+		rcq.unuse()
+		scq.unuse()
+		p.refs.release()
+		d.nQP.Add(-1)
+		return nil, fmt.Errorf("shm: create QP: %w: %w", verbs.ErrNoResources, err)
+	}
+	q.ln = ln
+	q.timer = time.AfterFunc(time.Hour, q.runSQ)
+	q.timer.Stop()
+	d.qpMu.Lock()
+	d.qps[q.qpn] = q
+	d.qpMu.Unlock()
+	if !d.p.track(ln) {
+		q.Close()
+		return nil, fmt.Errorf("shm: create QP: provider closed: %w", verbs.ErrClosed)
+	}
+	d.p.wg.Add(1)
+	go q.acceptLoop()
+	return q, nil
+}
+
+// listenQP gives q a number no other QP of the network namespace has, by binding the
+// socket that number names, and returns the socket.
+func listenQP(q *QP) (*net.UnixListener, error) {
+	var b [4]byte
+	for range 64 {
+		rand.Read(b[:])
+		qpn := binary.LittleEndian.Uint32(b[:]) & qpnMask
+		if qpn < 0x100 {
+			continue
+		}
+		ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: qpSocketName(qpn), Net: "unixpacket"})
+		if err == nil {
+			q.qpn = qpn
+			return ln, nil
+		}
+		if !errors.Is(err, syscall.EADDRINUSE) {
+			return nil, fmt.Errorf("listen: %w", err)
+		}
+	}
+	return nil, errors.New("no free QP number")
+}
+
+// QPN returns the QP number.
+func (q *QP) QPN() uint32 { return q.qpn }
+
+// State returns the QP's current state.
+func (q *QP) State() verbs.QPState { return verbs.QPState(q.state.Load()) }
+
+// Caps returns the QP's capacities, exactly those it was created with.
+func (q *QP) Caps() verbs.QPCaps { return q.caps }
+
+func (q *QP) lock()   { q.sq.mu.Lock(); q.rq.mu.Lock() }
+func (q *QP) unlock() { q.rq.mu.Unlock(); q.sq.mu.Unlock() }
+
+func (q *QP) transition(op string, from, to verbs.QPState) error {
+	if q.closed.Load() {
+		return fmt.Errorf("shm: QP %#x: %s: %w", q.qpn, op, verbs.ErrClosed)
+	}
+	if !q.state.CompareAndSwap(int32(from), int32(to)) {
+		return fmt.Errorf("shm: QP %#x: %s from %v: %w", q.qpn, op, q.State(), verbs.ErrInvalidState)
+	}
+	return nil
+}
+
+// ToInit moves the QP from RESET to INIT. Port must be 1 and PKeyIndex 0.
+func (q *QP) ToInit(attr verbs.InitAttr) error {
+	switch {
+	case attr.Port != 1:
+		return fmt.Errorf("shm: QP %#x: to INIT: no port %d: %w", q.qpn, attr.Port, verbs.ErrInvalidArgument)
+	case attr.PKeyIndex != 0:
+		return fmt.Errorf("shm: QP %#x: to INIT: no P_Key index %d: %w", q.qpn, attr.PKeyIndex, verbs.ErrInvalidArgument)
+	case attr.Access&^validAccess != 0:
+		return fmt.Errorf("shm: QP %#x: to INIT: unknown access flags %#x: %w", q.qpn, uint32(attr.Access), verbs.ErrInvalidArgument)
+	}
+	q.lock()
+	defer q.unlock()
+	if err := q.transition("to INIT", verbs.QPStateReset, verbs.QPStateInit); err != nil {
+		return err
+	}
+	q.rq.access = attr.Access
+	return nil
+}
+
+// ToRTR moves the QP from INIT to RTR, connecting it to QP attr.DestQPN of the device
+// whose GID is attr.Dest.DestGID, in this process or another. Neither needs to exist yet:
+// requests to a destination that does not exist or is not connected back are lost.
+func (q *QP) ToRTR(attr verbs.RTRAttr) error {
+	switch {
+	case attr.PathMTU.Bytes() == 0:
+		return fmt.Errorf("shm: QP %#x: to RTR: path MTU %d: %w", q.qpn, int(attr.PathMTU), verbs.ErrInvalidArgument)
+	case attr.DestQPN > qpnMask || attr.RQPSN > qpnMask:
+		return fmt.Errorf("shm: QP %#x: to RTR: QPN %#x or PSN %#x over 24 bits: %w", q.qpn, attr.DestQPN, attr.RQPSN, verbs.ErrInvalidArgument)
+	case !attr.Dest.IsGlobal:
+		return fmt.Errorf("shm: QP %#x: to RTR: a global route (IsGlobal) is needed: %w", q.qpn, verbs.ErrInvalidArgument)
+	case attr.Dest.Port != 1:
+		return fmt.Errorf("shm: QP %#x: to RTR: no port %d: %w", q.qpn, attr.Dest.Port, verbs.ErrInvalidArgument)
+	case attr.MinRNRTimer > 31:
+		return fmt.Errorf("shm: QP %#x: to RTR: RNR timer %d: %w", q.qpn, attr.MinRNRTimer, verbs.ErrInvalidArgument)
+	}
+	gids := q.dev.attr.Ports[0].GIDs
+	if int(attr.Dest.SGIDIndex) >= len(gids) {
+		return fmt.Errorf("shm: QP %#x: to RTR: GID index %d is empty: %w", q.qpn, attr.Dest.SGIDIndex, verbs.ErrInvalidArgument)
+	}
+	q.lock()
+	defer q.unlock()
+	if err := q.transition("to RTR", verbs.QPStateInit, verbs.QPStateRTR); err != nil {
+		return err
+	}
+	q.sq.sgid = gids[attr.Dest.SGIDIndex].GID
+	q.sq.destGID, q.sq.destQPN, q.sq.av = attr.Dest.DestGID, attr.DestQPN, attr.Dest
+	q.rq.srcGID, q.rq.srcQPN, q.rq.minRNR, q.rq.epsn = attr.Dest.DestGID, attr.DestQPN, attr.MinRNRTimer, attr.RQPSN
+	return nil
+}
+
+// ToRTS moves the QP from RTR to RTS.
+func (q *QP) ToRTS(attr verbs.RTSAttr) error {
+	switch {
+	case attr.SQPSN > qpnMask:
+		return fmt.Errorf("shm: QP %#x: to RTS: PSN %#x over 24 bits: %w", q.qpn, attr.SQPSN, verbs.ErrInvalidArgument)
+	case attr.Timeout > 31 || attr.RetryCount > 7 || attr.RNRRetry > 7:
+		return fmt.Errorf("shm: QP %#x: to RTS: timeout %d, retry count %d, RNR retry %d: %w", q.qpn, attr.Timeout, attr.RetryCount, attr.RNRRetry, verbs.ErrInvalidArgument)
+	}
+	q.lock()
+	defer q.unlock()
+	if err := q.transition("to RTS", verbs.QPStateRTR, verbs.QPStateRTS); err != nil {
+		return err
+	}
+	q.sq.timeout, q.sq.retry, q.sq.rnrRetry, q.sq.psn = attr.Timeout, attr.RetryCount, attr.RNRRetry, attr.SQPSN
+	return nil
+}
+
+// ToError moves the QP to ERROR from any state but RESET; every outstanding WR completes
+// with WR_FLUSH_ERR, in order, before it returns.
+func (q *QP) ToError() error {
+	q.lock()
+	defer q.unlock()
+	if q.closed.Load() {
+		return fmt.Errorf("shm: QP %#x: to ERROR: %w", q.qpn, verbs.ErrClosed)
+	}
+	if st := q.State(); st == verbs.QPStateReset {
+		return fmt.Errorf("shm: QP %#x: to ERROR from %v: %w", q.qpn, st, verbs.ErrInvalidState)
+	}
+	q.state.Store(int32(verbs.QPStateError))
+	q.flushSendLocked()
+	q.flushRecvLocked()
+	return nil
+}
+
+// ToReset moves the QP to RESET from any state, emptying its queues without completions
+// and removing its unpolled completions from its CQs.
+func (q *QP) ToReset() error {
+	q.lock()
+	defer q.unlock()
+	if q.closed.Load() {
+		return fmt.Errorf("shm: QP %#x: to RESET: %w", q.qpn, verbs.ErrClosed)
+	}
+	q.state.Store(int32(verbs.QPStateReset))
+	q.timer.Stop()
+	q.discardLocked()
+	s := &q.sq
+	s.posted, s.unreported = q.sqPolled.Load(), 0
+	s.sgid, s.destGID, s.destQPN, s.av = verbs.GID{}, verbs.GID{}, 0, verbs.AddressVector{}
+	s.timeout, s.retry, s.rnrRetry, s.psn = 0, 0, 0, 0
+	r := &q.rq
+	r.posted = q.rqPolled.Load()
+	r.access, r.srcGID, r.srcQPN, r.minRNR, r.epsn = 0, verbs.GID{}, 0, 0, 0
+	return nil
+}
+
+// discardLocked empties both queues without completions, drops the connection and
+// removes the QP's completions from its CQs. The caller holds both locks.
+func (q *QP) discardLocked() {
+	clear(q.sq.ring)
+	clear(q.rq.ring)
+	q.sq.head, q.sq.n, q.sq.busy, q.sq.waiting = 0, 0, false, false
+	q.rq.head, q.rq.n = 0, 0
+	if q.sq.conn != nil {
+		q.sq.conn.close()
+		q.sq.conn = nil
+	}
+	q.sendCQ.forget(q)
+	q.recvCQ.forget(q)
+}
+
+// Close destroys the QP in any state. Peers that still send to it see a dead link.
+func (q *QP) Close() error {
+	q.lock()
+	if q.closed.Load() {
+		q.unlock()
+		return fmt.Errorf("shm: destroy QP %#x: %w", q.qpn, verbs.ErrClosed)
+	}
+	q.closed.Store(true)
+	q.discardLocked()
+	q.unlock()
+	q.timer.Stop()
+	q.ln.Close()
+	q.dev.p.untrack(q.ln)
+	q.dev.qpMu.Lock()
+	delete(q.dev.qps, q.qpn)
+	q.dev.qpMu.Unlock()
+	q.sendCQ.unuse()
+	q.recvCQ.unuse()
+	q.pd.refs.release()
+	q.dev.nQP.Add(-1)
+	return nil
+}
+
+// fail moves the QP to ERROR as a fatal error does and has its timer flush both queues.
+// It takes no lock.
+func (q *QP) fail() {
+	for {
+		s := q.state.Load()
+		if s == int32(verbs.QPStateError) || q.closed.Load() {
+			return
+		}
+		if q.state.CompareAndSwap(s, int32(verbs.QPStateError)) {
+			break
+		}
+	}
+	q.timer.Reset(0)
+}
+
+func (q *QP) flushSendLocked() {
+	q.sq.busy, q.sq.waiting = false, false
+	for q.sq.n > 0 {
+		q.completeLocked(&q.sq.ring[q.sq.head], verbs.WCWRFlushErr)
+		q.popSendLocked()
+	}
+}
+
+func (q *QP) flushRecvLocked() {
+	for q.rq.n > 0 {
+		r := &q.rq.ring[q.rq.head]
+		q.recvCompleteLocked(r, &verbs.WorkCompletion{WRID: r.id, Status: verbs.WCWRFlushErr, Opcode: verbs.WCRecv, QPN: q.qpn}, false)
+	}
+}
+
+// flushRecv flushes the receive queue if the QP is in ERROR.
+func (q *QP) flushRecv() {
+	q.rq.mu.Lock()
+	if q.State() == verbs.QPStateError && !q.closed.Load() {
+		q.flushRecvLocked()
+	}
+	q.rq.mu.Unlock()
+}
+
+// Query reports the QP's state and the connection its RTR transition set up. It
+// implements [verbs.QPQuerier].
+func (q *QP) Query() (verbs.QPAttr, error) {
+	if q.closed.Load() {
+		return verbs.QPAttr{}, fmt.Errorf("shm: QP %#x: query: %w", q.qpn, verbs.ErrClosed)
+	}
+	q.sq.mu.Lock()
+	defer q.sq.mu.Unlock()
+	a := verbs.QPAttr{State: q.State(), DestQPN: q.sq.destQPN, Dest: q.sq.av}
+	if q.sq.destQPN != 0 || q.State() >= verbs.QPStateRTR {
+		a.PathMTU = verbs.MTU4096
+	}
+	return a, nil
+}
+
+var _ verbs.QPQuerier = (*QP)(nil)
+
+// rnrTimerMicros is the RNR NAK timer encoding of ibv_modify_qp(3), in µs.
+var rnrTimerMicros = [32]int64{
+	655360, 10, 20, 30, 40, 60, 80, 120,
+	160, 240, 320, 480, 640, 960, 1280, 1920,
+	2560, 3840, 5120, 7680, 10240, 15360, 20480, 30720,
+	40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520,
+}
+
+func rnrDelay(enc uint8) time.Duration {
+	return time.Duration(rnrTimerMicros[enc&31]) * time.Microsecond
+}
+
+// ackTimeout is 4.096 µs × 2^enc, or 0 (wait forever) for enc 0.
+func ackTimeout(enc uint8) time.Duration {
+	if enc == 0 {
+		return 0
+	}
+	return time.Duration(4096<<(enc&31)) * time.Nanosecond
+}

@@ -1,0 +1,231 @@
+package shm
+
+import "github.com/rsockio/rsock/verbs"
+
+// PostRecv posts receive requests. Receives may be posted from INIT on; in ERROR they are
+// flushed at once.
+func (q *QP) PostRecv(wrs []verbs.RecvWR) error {
+	q.rq.mu.Lock()
+	var err error
+	for i := range wrs {
+		if e := q.postRecvLocked(&wrs[i]); e != nil {
+			err = &verbs.PostError{Index: i, Err: e}
+			break
+		}
+	}
+	q.rq.mu.Unlock()
+	return err
+}
+
+func (q *QP) postRecvLocked(w *verbs.RecvWR) error {
+	if q.closed.Load() {
+		return errPostClosed
+	}
+	st := q.State()
+	if st == verbs.QPStateReset {
+		return errPostRecvState
+	}
+	if len(w.SGL) > q.caps.MaxRecvSGE {
+		return errRecvSGEs
+	}
+	if q.rq.posted-q.rqPolled.Load() >= uint64(q.caps.MaxRecvWR) {
+		return errRecvQueueFull
+	}
+	q.rq.posted++
+	i := q.rq.head + q.rq.n
+	if i >= len(q.rq.ring) {
+		i -= len(q.rq.ring)
+	}
+	r := &q.rq.ring[i]
+	k := i * q.caps.MaxRecvSGE
+	r.id, r.sgl = w.ID, q.rq.sges[k:k+len(w.SGL):k+len(w.SGL)]
+	copy(r.sgl, w.SGL)
+	q.rq.n++
+	if st == verbs.QPStateError {
+		q.flushRecvLocked()
+	}
+	return nil
+}
+
+// recvCompleteLocked completes the receive WQE at the head of the queue, which is r.
+func (q *QP) recvCompleteLocked(r *rwqe, wc *verbs.WorkCompletion, solicited bool) {
+	*r = rwqe{}
+	q.rq.head++
+	if q.rq.head == len(q.rq.ring) {
+		q.rq.head = 0
+	}
+	q.rq.n--
+	if !q.recvCQ.push(wc, q, 0, 1, solicited) {
+		q.fail()
+	}
+}
+
+// requester names the QP at the other end of a connection, as its hello introduced it.
+type requester struct {
+	gid verbs.GID
+	qpn uint32
+}
+
+// respond executes request m from requester src at this QP, the responder, and returns
+// the response to send. An RDMA WRITE's payload is already in place: the requester
+// copied it into its mapping of the region, if its copy of the region's rights allowed.
+// The checks here are the ones that count: a request they refuse completes in error
+// (and moves both QPs to ERROR) whatever the requester copied.
+func (q *QP) respond(src requester, m *msg) msg {
+	drop := msg{kind: msgResponse, respKind: respDrop}
+	q.rq.mu.Lock()
+	defer q.rq.mu.Unlock()
+	if q.closed.Load() {
+		return drop
+	}
+	if st := q.State(); st != verbs.QPStateRTR && st != verbs.QPStateRTS {
+		return drop
+	}
+	if q.rq.srcGID != src.gid || q.rq.srcQPN != src.qpn || q.loses() {
+		return drop
+	}
+	if m.psn != q.rq.epsn {
+		// A retransmission of a request executed already, whose answer came too late,
+		// is acknowledged again (within a window behind the expected PSN, as a
+		// responder keeps); anything else is out of sequence and dropped.
+		if behind := (q.rq.epsn - m.psn) & qpnMask; behind > 0 && behind < 1<<23 {
+			return msg{kind: msgResponse, respKind: respAck}
+		}
+		return drop
+	}
+	q.dev.mrMu.RLock()
+	defer q.dev.mrMu.RUnlock()
+	n := m.length
+	solicited := m.flags&reqSolicited != 0
+	switch m.op {
+	case opSend, opSendWithImm:
+		if q.rq.n == 0 {
+			return msg{kind: msgResponse, respKind: respRNR, rnrTimer: q.rq.minRNR}
+		}
+		w := &q.rq.ring[q.rq.head]
+		if st := q.resolveRecvLocked(w, n); st != verbs.WCSuccess {
+			q.responderFailLocked(w, st)
+			if st == verbs.WCLocLenErr {
+				return errResponse(verbs.WCRemInvReqErr)
+			}
+			return errResponse(verbs.WCRemOpErr)
+		}
+		scatter(q.rq.vec, m.payload)
+		wc := verbs.WorkCompletion{WRID: w.id, Opcode: verbs.WCRecv, ByteLen: n, QPN: q.qpn, SrcQP: src.qpn}
+		if m.op == opSendWithImm {
+			wc.Imm, wc.Flags = m.imm, verbs.WCWithImm
+		}
+		q.recvCompleteLocked(w, &wc, solicited)
+	case opWrite, opWriteWithImm:
+		imm := m.op == opWriteWithImm
+		if imm && q.rq.n == 0 {
+			return msg{kind: msgResponse, respKind: respRNR, rnrTimer: q.rq.minRNR}
+		}
+		if !q.remoteOKLocked(m, verbs.AccessRemoteWrite) {
+			q.responderFailLocked(nil, 0)
+			return errResponse(verbs.WCRemAccessErr)
+		}
+		if imm {
+			w := &q.rq.ring[q.rq.head]
+			wc := verbs.WorkCompletion{WRID: w.id, Opcode: verbs.WCRecvRDMAWithImm, ByteLen: n, Imm: m.imm,
+				QPN: q.qpn, SrcQP: src.qpn, Flags: verbs.WCWithImm}
+			q.recvCompleteLocked(w, &wc, solicited)
+		}
+	case opRead:
+		if !q.remoteOKLocked(m, verbs.AccessRemoteRead) {
+			q.responderFailLocked(nil, 0)
+			return errResponse(verbs.WCRemAccessErr)
+		}
+	}
+	q.rq.epsn = (q.rq.epsn + 1) & qpnMask
+	return msg{kind: msgResponse, respKind: respAck}
+}
+
+func errResponse(st verbs.WCStatus) msg {
+	return msg{kind: msgResponse, respKind: respErr, status: uint32(st)}
+}
+
+// remoteOKLocked checks a remote access of m.length bytes at m.addr with m.rkey: the QP
+// must allow it, and the key must name a region of this QP's PD that allows it and holds
+// every byte. A zero-length access checks neither key nor address.
+func (q *QP) remoteOKLocked(m *msg, need verbs.AccessFlags) bool {
+	if q.rq.access&need == 0 {
+		return false
+	}
+	if m.length == 0 {
+		return true
+	}
+	r := q.dev.lookupMRLocked(m.rkey)
+	if r == nil || r.pd != q.pd || r.access&need == 0 {
+		return false
+	}
+	_, ok := r.slice(m.addr, m.length)
+	return ok
+}
+
+// resolveRecvLocked checks that receive WQE w can take n bytes and resolves its buffers
+// into q.rq.vec.
+func (q *QP) resolveRecvLocked(w *rwqe, n uint32) verbs.WCStatus {
+	var capacity uint64
+	for _, s := range w.sgl {
+		capacity += uint64(s.Length)
+	}
+	if uint64(n) > capacity {
+		return verbs.WCLocLenErr
+	}
+	vec := q.rq.vec[:0]
+	for _, s := range w.sgl {
+		if n == 0 {
+			break
+		}
+		l := min(n, s.Length)
+		m := q.dev.lookupMRLocked(s.LKey)
+		if m == nil || m.pd != q.pd || m.access&verbs.AccessLocalWrite == 0 {
+			return verbs.WCLocProtErr
+		}
+		b, ok := m.slice(s.Addr, l)
+		if !ok {
+			return verbs.WCLocProtErr
+		}
+		vec = append(vec, b)
+		n -= l
+	}
+	q.rq.vec = vec
+	return verbs.WCSuccess
+}
+
+// responderFailLocked handles a fatal responder error: receive WQE w, if not nil,
+// completes with status, the QP moves to ERROR and its receive WQEs are flushed.
+func (q *QP) responderFailLocked(w *rwqe, status verbs.WCStatus) {
+	q.fail()
+	if w != nil {
+		q.recvCompleteLocked(w, &verbs.WorkCompletion{WRID: w.id, Status: status, Opcode: verbs.WCRecv, QPN: q.qpn}, true)
+	}
+	q.flushRecvLocked()
+}
+
+// regionFor answers a region query of requester src: the region rkey names, if it
+// belongs to this QP's PD and grants a remote access and src is the QP's peer, with a
+// new descriptor of it for the requester (see [MR.shareFD]), or a refusal and -1.
+func (q *QP) regionFor(src requester, rkey uint32) (msg, int) {
+	no := msg{kind: msgRegion, rkey: rkey}
+	q.rq.mu.Lock()
+	ok := !q.closed.Load() && q.rq.srcGID == src.gid && q.rq.srcQPN == src.qpn
+	qpAccess := q.rq.access
+	q.rq.mu.Unlock()
+	if !ok {
+		return no, -1
+	}
+	q.dev.mrMu.RLock()
+	defer q.dev.mrMu.RUnlock()
+	m := q.dev.lookupMRLocked(rkey)
+	if m == nil || m.pd != q.pd || m.access&(verbs.AccessRemoteWrite|verbs.AccessRemoteRead) == 0 {
+		return no, -1
+	}
+	fd, err := m.shareFD()
+	if err != nil {
+		return no, -1
+	}
+	// The requester copies into the region only what both the region and the QP allow.
+	return msg{kind: msgRegion, ok: true, rkey: rkey, access: uint32(m.access & (qpAccess | verbs.AccessLocalWrite)), addr: m.addr, size: uint64(len(m.buf))}, fd
+}

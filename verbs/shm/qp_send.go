@@ -1,0 +1,547 @@
+package shm
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/rsockio/rsock/verbs"
+)
+
+var (
+	errPostClosed     = fmt.Errorf("shm: post: %w", verbs.ErrClosed)
+	errPostSendState  = fmt.Errorf("shm: post send: QP not in RTS: %w", verbs.ErrInvalidState)
+	errPostRecvState  = fmt.Errorf("shm: post receive: QP in RESET: %w", verbs.ErrInvalidState)
+	errSendQueueFull  = fmt.Errorf("shm: post send: max_send_wr outstanding: %w", verbs.ErrQueueFull)
+	errRecvQueueFull  = fmt.Errorf("shm: post receive: max_recv_wr outstanding: %w", verbs.ErrQueueFull)
+	errOpcode         = fmt.Errorf("shm: post send: unknown opcode: %w", verbs.ErrInvalidArgument)
+	errSendSGEs       = fmt.Errorf("shm: post send: more SGEs than max_send_sge: %w", verbs.ErrInvalidArgument)
+	errRecvSGEs       = fmt.Errorf("shm: post receive: more SGEs than max_recv_sge: %w", verbs.ErrInvalidArgument)
+	errInlineOpcode   = fmt.Errorf("shm: post send: inline data with RDMA READ: %w", verbs.ErrInvalidArgument)
+	errInlineTooLarge = fmt.Errorf("shm: post send: inline data over max_inline_data: %w", verbs.ErrInvalidArgument)
+	errInlineMemory   = fmt.Errorf("shm: post send: inline data outside registered memory: %w", verbs.ErrInvalidArgument)
+)
+
+// Opcodes as the wire carries them (verbs.Opcode values).
+const (
+	opWrite        = uint8(verbs.OpRDMAWrite)
+	opWriteWithImm = uint8(verbs.OpRDMAWriteWithImm)
+	opSend         = uint8(verbs.OpSend)
+	opSendWithImm  = uint8(verbs.OpSendWithImm)
+	opRead         = uint8(verbs.OpRDMARead)
+
+	maxWCStatus = uint32(verbs.WCTMRndvIncomplete)
+)
+
+// PostSend posts work requests to the send queue. The first one with nothing ahead of
+// it is started inside PostSend: its payload copied into the peer's region (RDMA WRITE)
+// or the request datagram (SEND), and its request sent. The rest start as responses come
+// back, on the connection's reading goroutine.
+func (q *QP) PostSend(wrs []verbs.SendWR) error {
+	q.sq.mu.Lock()
+	var err error
+	for i := range wrs {
+		if e := q.postSendLocked(&wrs[i]); e != nil {
+			err = &verbs.PostError{Index: i, Err: e}
+			break
+		}
+	}
+	q.kickLocked()
+	q.sq.mu.Unlock()
+	if q.State() == verbs.QPStateError {
+		q.flushRecv()
+	}
+	return err
+}
+
+func (q *QP) postSendLocked(w *verbs.SendWR) error {
+	if q.closed.Load() {
+		return errPostClosed
+	}
+	st := q.State()
+	if st != verbs.QPStateRTS && st != verbs.QPStateError {
+		return errPostSendState
+	}
+	if w.Opcode < verbs.OpRDMAWrite || w.Opcode > verbs.OpRDMARead {
+		return errOpcode
+	}
+	if len(w.SGL) > q.caps.MaxSendSGE {
+		return errSendSGEs
+	}
+	if q.sq.posted-q.sqPolled.Load() >= uint64(q.caps.MaxSendWR) {
+		return errSendQueueFull
+	}
+	e := wqe{
+		id: w.ID, op: w.Opcode, flags: w.Flags, imm: w.Imm, raddr: w.RemoteAddr, rkey: w.RKey, sgl: w.SGL,
+		rnrLeft: q.sq.rnrRetry, retryLeft: q.sq.retry,
+	}
+	if w.Flags&verbs.SendInline != 0 {
+		if err := q.copyInlineLocked(&e); err != nil {
+			return err
+		}
+	}
+	if d := q.delay.Load(); d > 0 {
+		e.due = time.Now().Add(time.Duration(d))
+	}
+	q.sq.posted++
+	if st == verbs.QPStateError {
+		q.flushSendLocked()
+		q.completeLocked(&e, verbs.WCWRFlushErr)
+		return nil
+	}
+	q.enqueueLocked(&e)
+	return nil
+}
+
+// copyInlineLocked copies an inline WR's payload at post time. As with verbs/soft, the
+// bytes must lie in memory registered on this device.
+func (q *QP) copyInlineLocked(e *wqe) error {
+	if e.op == verbs.OpRDMARead {
+		return errInlineOpcode
+	}
+	var n uint64
+	for _, s := range e.sgl {
+		n += uint64(s.Length)
+	}
+	if n > uint64(q.caps.MaxInlineData) {
+		return errInlineTooLarge
+	}
+	buf := q.sq.scratch[:0]
+	q.dev.mrMu.RLock()
+	defer q.dev.mrMu.RUnlock()
+	for _, s := range e.sgl {
+		var b []byte
+		ok := false
+		if m := q.dev.lookupMRLocked(s.LKey); m != nil {
+			b, ok = m.slice(s.Addr, s.Length)
+		}
+		if !ok {
+			for _, m := range q.dev.mrs {
+				if b, ok = m.slice(s.Addr, s.Length); ok {
+					break
+				}
+			}
+		}
+		if !ok {
+			return errInlineMemory
+		}
+		buf = append(buf, b...)
+	}
+	e.inline = buf
+	e.sgl = nil
+	return nil
+}
+
+// enqueueLocked appends e to the send queue, copying its SGL and inline payload into the
+// slot's own storage.
+func (q *QP) enqueueLocked(e *wqe) {
+	i := q.sq.head + q.sq.n
+	if i >= len(q.sq.ring) {
+		i -= len(q.sq.ring)
+	}
+	s := &q.sq.ring[i]
+	*s = *e
+	if e.sgl != nil {
+		k := i * q.caps.MaxSendSGE
+		s.sgl = q.sq.sges[k : k+len(e.sgl) : k+len(e.sgl)]
+		copy(s.sgl, e.sgl)
+	}
+	if e.inline != nil {
+		k := i * q.caps.MaxInlineData
+		s.inline = q.sq.inline[k : k+len(e.inline) : k+len(e.inline)]
+		copy(s.inline, e.inline)
+	}
+	q.sq.n++
+}
+
+func (q *QP) popSendLocked() {
+	q.sq.ring[q.sq.head] = wqe{}
+	q.sq.head++
+	if q.sq.head == len(q.sq.ring) {
+		q.sq.head = 0
+	}
+	q.sq.n--
+}
+
+// runSQ is the timer callback: the head's RNR or ACK timeout expired, or the QP failed.
+func (q *QP) runSQ() {
+	q.sq.mu.Lock()
+	if q.closed.Load() {
+		q.sq.mu.Unlock()
+		return
+	}
+	q.sq.waiting = false
+	if q.sq.n > 0 && q.State() == verbs.QPStateRTS {
+		e := &q.sq.ring[q.sq.head]
+		if q.sq.busy {
+			if d := time.Until(q.sq.deadline); d > 0 { // fired for an earlier request
+				q.timer.Reset(d)
+				q.sq.mu.Unlock()
+				return
+			}
+			// No answer within the ACK timeout: the request is lost. The connection
+			// goes, so that a late answer cannot be taken for the retransmission's.
+			q.sq.busy = false
+			q.sq.conn.close()
+			q.sq.conn = nil
+			e.ackWait = true
+		}
+		if e.ackWait {
+			e.ackWait = false
+			if e.retryLeft == 0 {
+				q.completeLocked(e, verbs.WCRetryExcErr)
+				q.popSendLocked()
+			} else {
+				e.retryLeft--
+			}
+		}
+	}
+	q.kickLocked()
+	q.sq.mu.Unlock()
+	q.flushRecv()
+}
+
+// kickLocked starts the head WR if nothing is on the wire and nothing waits: it runs
+// local checks, asks the responder for the region the WR names if this side has not
+// mapped it, copies the payload and sends the request. WRs that fail locally complete at
+// once and the next one starts. In ERROR it flushes the queue.
+func (q *QP) kickLocked() {
+	for q.sq.n > 0 && !q.sq.busy && !q.sq.waiting {
+		switch q.State() {
+		case verbs.QPStateError:
+			q.flushSendLocked()
+			return
+		case verbs.QPStateRTS:
+		default:
+			return
+		}
+		e := &q.sq.ring[q.sq.head]
+		if e.forever {
+			return
+		}
+		if d := time.Until(e.due); !e.due.IsZero() && d > 0 {
+			q.sq.waiting = true
+			q.timer.Reset(d)
+			return
+		}
+		if q.loses() {
+			q.lostLocked(e, false)
+			continue
+		}
+		if q.sq.conn == nil || q.sq.conn.dead.Load() {
+			if q.sq.conn != nil {
+				q.sq.conn.close()
+				q.sq.conn = nil
+			}
+			c, err := dialPeer(q)
+			if err != nil {
+				q.lostLocked(e, true)
+				continue
+			}
+			q.sq.conn = c
+		}
+		c := q.sq.conn
+		remote := e.op == verbs.OpRDMAWrite || e.op == verbs.OpRDMAWriteWithImm || e.op == verbs.OpRDMARead
+		if remote && !e.queried && c.region(e.rkey) == nil && q.wrLength(e) > 0 {
+			m := msg{kind: msgMRQuery, rkey: e.rkey}
+			if err := c.send(m.encode(q.sq.out), -1); err != nil {
+				c.dead.Store(true)
+				q.lostLocked(e, true)
+				continue
+			}
+			q.busyLocked()
+			q.sq.querying = true
+			return
+		}
+		st, out := q.prepareLocked(e, c)
+		if st != verbs.WCSuccess {
+			q.completeLocked(e, st)
+			q.popSendLocked()
+			continue
+		}
+		if err := c.send(out, -1); err != nil {
+			c.dead.Store(true)
+			q.lostLocked(e, true)
+			continue
+		}
+		q.busyLocked()
+		return
+	}
+}
+
+// busyLocked marks the head WR's request (or region query) as sent, and arms the ACK
+// timeout that declares it lost if no answer comes.
+func (q *QP) busyLocked() {
+	q.sq.busy, q.sq.querying = true, false
+	if d := ackTimeout(q.sq.timeout); d > 0 {
+		q.sq.deadline = time.Now().Add(d)
+		q.timer.Reset(d)
+	}
+}
+
+// wrLength returns the payload length of e from its SGL.
+func (q *QP) wrLength(e *wqe) uint64 {
+	if e.flags&verbs.SendInline != 0 {
+		return uint64(len(e.inline))
+	}
+	var n uint64
+	for _, s := range e.sgl {
+		n += uint64(s.Length)
+	}
+	return n
+}
+
+// prepareLocked resolves e's local buffers, moves its payload (into the peer's mapped
+// region for an RDMA WRITE that this side's copy of the region's bounds and rights
+// allows; into the datagram for a SEND) and returns the request datagram. A local
+// error is returned as a completion status.
+func (q *QP) prepareLocked(e *wqe, c *peerConn) (verbs.WCStatus, []byte) {
+	q.dev.mrMu.RLock()
+	defer q.dev.mrMu.RUnlock()
+	if st := q.resolveLocalLocked(e); st != verbs.WCSuccess {
+		return st, nil
+	}
+	m := msg{kind: msgRequest, op: uint8(e.op), imm: e.imm, rkey: e.rkey, length: e.length, addr: e.raddr, psn: q.sq.psn}
+	if e.flags&verbs.SendSolicited != 0 {
+		m.flags = reqSolicited
+	}
+	out := m.encode(q.sq.out)
+	switch e.op {
+	case verbs.OpSend, verbs.OpSendWithImm:
+		if e.length > maxSendPayload {
+			return verbs.WCLocLenErr, nil
+		}
+		for _, b := range q.sq.vec {
+			out = append(out, b...)
+		}
+	case verbs.OpRDMAWrite, verbs.OpRDMAWriteWithImm:
+		if r := c.region(e.rkey); r != nil && e.length > 0 && r.writable {
+			if dst, ok := r.slice(e.raddr, e.length); ok {
+				gather(dst, q.sq.vec)
+			}
+		}
+	}
+	q.sq.out = out[:0]
+	return verbs.WCSuccess, out
+}
+
+// resolveLocalLocked checks e's local buffers and resolves them into q.sq.vec; it sets
+// e.length. The caller holds q.dev.mrMu for reading.
+func (q *QP) resolveLocalLocked(e *wqe) verbs.WCStatus {
+	vec := q.sq.vec[:0]
+	if e.flags&verbs.SendInline != 0 {
+		q.sq.vec = append(vec, e.inline)
+		e.length = uint32(len(e.inline))
+		return verbs.WCSuccess
+	}
+	var total uint64
+	for _, s := range e.sgl {
+		total += uint64(s.Length)
+		m := q.dev.lookupMRLocked(s.LKey)
+		if m == nil || m.pd != q.pd || (e.op == verbs.OpRDMARead && m.access&verbs.AccessLocalWrite == 0) {
+			return verbs.WCLocProtErr
+		}
+		b, ok := m.slice(s.Addr, s.Length)
+		if !ok {
+			return verbs.WCLocProtErr
+		}
+		vec = append(vec, b)
+	}
+	if total > maxMessage {
+		return verbs.WCLocLenErr
+	}
+	q.sq.vec = vec
+	e.length = uint32(total)
+	return verbs.WCSuccess
+}
+
+// lostLocked handles a request that got no response: the requester waits for its ACK
+// timeout, then retransmits or gives up. With timeout 0 it waits forever, as hardware
+// does, unless the link is known dead (the peer's device is gone): then it gives up at
+// once rather than hang.
+func (q *QP) lostLocked(e *wqe, dead bool) {
+	e.queried = false
+	d := ackTimeout(q.sq.timeout)
+	if d == 0 {
+		if dead {
+			q.completeLocked(e, verbs.WCRetryExcErr)
+			q.popSendLocked()
+			return
+		}
+		e.forever = true
+		return
+	}
+	e.ackWait = true
+	q.sq.waiting = true
+	q.timer.Reset(d)
+}
+
+// onRegion handles the answer to a region query of the head WR.
+func (q *QP) onRegion(c *peerConn, m *msg, fd int) {
+	q.sq.mu.Lock()
+	defer q.sq.mu.Unlock()
+	if q.sq.conn != c || !q.sq.busy || q.sq.n == 0 {
+		closeFD(fd)
+		return
+	}
+	q.sq.busy = false
+	if !q.sq.querying { // an answer to a question not asked
+		closeFD(fd)
+		c.fail(errMalformed)
+		q.lostLocked(&q.sq.ring[q.sq.head], true)
+		return
+	}
+	e := &q.sq.ring[q.sq.head]
+	e.queried = true
+	if m.ok != (fd >= 0) || m.rkey != e.rkey { // a region without its memory, or another one
+		closeFD(fd)
+		c.fail(errMalformed)
+		q.lostLocked(e, true)
+	} else if m.ok {
+		if err := c.addRegion(m, fd); err != nil {
+			c.fail(err)
+			q.lostLocked(e, true)
+		}
+	} else {
+		closeFD(fd)
+	}
+	q.kickLocked()
+}
+
+// onResponse handles the response to the head WR's request.
+func (q *QP) onResponse(c *peerConn, m *msg) {
+	q.sq.mu.Lock()
+	if q.sq.conn != c || !q.sq.busy || q.sq.n == 0 {
+		q.sq.mu.Unlock()
+		return
+	}
+	q.sq.busy = false
+	e := &q.sq.ring[q.sq.head]
+	e.queried = false
+	if q.sq.querying { // a response where a region was asked for
+		c.fail(errMalformed)
+		q.lostLocked(e, true)
+		q.sq.mu.Unlock()
+		return
+	}
+	switch m.respKind {
+	case respAck:
+		if e.op == verbs.OpRDMARead && e.length > 0 {
+			q.finishReadLocked(e, c)
+		} else {
+			q.succeedLocked(e)
+		}
+	case respRNR:
+		if q.sq.rnrRetry != 7 {
+			if e.rnrLeft == 0 {
+				q.completeLocked(e, verbs.WCRNRRetryExcErr)
+				q.popSendLocked()
+				break
+			}
+			e.rnrLeft--
+		}
+		q.sq.waiting = true
+		q.timer.Reset(rnrDelay(m.rnrTimer))
+	case respDrop:
+		c.forgetRegions() // the responder may have been reset and connected anew
+		q.lostLocked(e, false)
+	case respErr:
+		c.forgetRegions()
+		q.completeLocked(e, verbs.WCStatus(m.status))
+		q.popSendLocked()
+	}
+	q.kickLocked()
+	q.sq.mu.Unlock()
+	if q.State() == verbs.QPStateError {
+		q.flushRecv()
+	}
+}
+
+// finishReadLocked copies the bytes of an acknowledged RDMA READ out of the peer's
+// region into the local buffers.
+func (q *QP) finishReadLocked(e *wqe, c *peerConn) {
+	r := c.region(e.rkey)
+	var src []byte
+	ok := false
+	if r != nil {
+		src, ok = r.slice(e.raddr, e.length)
+	}
+	if !ok { // the responder granted what this side's copy of the region refuses
+		q.completeLocked(e, verbs.WCRemOpErr)
+		q.popSendLocked()
+		return
+	}
+	q.dev.mrMu.RLock()
+	if st := q.resolveLocalLocked(e); st != verbs.WCSuccess {
+		q.dev.mrMu.RUnlock()
+		q.completeLocked(e, st)
+		q.popSendLocked()
+		return
+	}
+	scatter(q.sq.vec, src)
+	q.dev.mrMu.RUnlock()
+	q.succeedLocked(e)
+}
+
+func (q *QP) succeedLocked(e *wqe) {
+	q.sq.psn = (q.sq.psn + 1) & qpnMask
+	if q.sigAll || e.flags&verbs.SendSignaled != 0 {
+		q.completeLocked(e, verbs.WCSuccess)
+	} else {
+		q.sq.unreported++
+	}
+	q.popSendLocked()
+}
+
+// onConnDown handles the loss of the connection to the destination QP.
+func (q *QP) onConnDown(c *peerConn) {
+	q.sq.mu.Lock()
+	if q.sq.conn == c && q.sq.busy && q.sq.n > 0 {
+		q.sq.busy = false
+		q.lostLocked(&q.sq.ring[q.sq.head], true)
+		q.kickLocked()
+	}
+	q.sq.mu.Unlock()
+	if q.State() == verbs.QPStateError {
+		q.flushRecv()
+	}
+}
+
+// completeLocked adds e's completion to the send CQ. Any error but a flush moves the QP
+// to ERROR.
+func (q *QP) completeLocked(e *wqe, status verbs.WCStatus) {
+	wc := verbs.WorkCompletion{WRID: e.id, Status: status, Opcode: sendWCOpcode[e.op&7], QPN: q.qpn}
+	switch status {
+	case verbs.WCSuccess:
+		wc.ByteLen = e.length
+	case verbs.WCWRFlushErr:
+	default:
+		q.fail()
+	}
+	slots := uint32(q.sq.unreported) + 1
+	q.sq.unreported = 0
+	if !q.sendCQ.push(&wc, q, slots, 0, false) {
+		q.fail()
+	}
+}
+
+var sendWCOpcode = [8]verbs.WCOpcode{
+	verbs.OpRDMAWrite:        verbs.WCRDMAWrite,
+	verbs.OpRDMAWriteWithImm: verbs.WCRDMAWrite,
+	verbs.OpSend:             verbs.WCSend,
+	verbs.OpSendWithImm:      verbs.WCSend,
+	verbs.OpRDMARead:         verbs.WCRDMARead,
+}
+
+// gather copies the buffers of src, in order, into dst.
+func gather(dst []byte, src [][]byte) {
+	for _, s := range src {
+		dst = dst[copy(dst, s):]
+	}
+}
+
+// scatter copies src into the buffers of dst, in order.
+func scatter(dst [][]byte, src []byte) {
+	for _, d := range dst {
+		src = src[copy(d, src):]
+	}
+}
