@@ -21,6 +21,7 @@ var configCases = []struct {
 }{
 	{field: "Provider", free: "nil selects the default"},
 	{field: "DisableRDMA", free: "a boolean"},
+	{field: "DisableSHM", free: "a boolean"},
 	{field: "Fallback",
 		bad:  []badConfig{{func(c *Config) { c.Fallback = 7 }, "Fallback is Fallback(7), want FallbackTCP or FallbackQUIC"}},
 		good: []func(*Config){func(c *Config) { c.Fallback = FallbackTCP }}},

@@ -24,7 +24,8 @@ func TestDialerKeepAlive(t *testing.T) {
 		{-1, 9 * time.Second, true, 9},
 	}
 	for _, tt := range tests {
-		d := &Dialer{Config: &Config{KeepAlive: tt.cfg}, KeepAlive: tt.dialer}
+		// DisableSHM: the connection stays on its TCP bootstrap, whose socket is read.
+		d := &Dialer{Config: &Config{KeepAlive: tt.cfg, DisableSHM: true}, KeepAlive: tt.dialer}
 		c, s := dialAccept(t, d, ln)
 		raw, err := c.tcp.SyscallConn()
 		require.NoError(t, err)

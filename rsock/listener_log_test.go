@@ -52,9 +52,9 @@ func TestListenerLogLevels(t *testing.T) {
 // transport and fallback reason.
 func TestListenerLogsAccepted(t *testing.T) {
 	var logs logBuffer
-	scfg := &Config{Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}
+	scfg := &Config{Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})), DisableSHM: true}
 	ln := listen(t, scfg)
-	c, s := pipe(t, ln, nil)
+	c, s := pipe(t, ln, &Config{DisableSHM: true})
 	defer c.Close()
 	defer s.Close()
 	line := lastLine(logs.String())

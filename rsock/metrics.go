@@ -17,7 +17,7 @@ import (
 // at /debug/vars by net/http's default mux, like every expvar variable):
 //
 //	{
-//	  "conns_opened":       {"rdma": 3, "rdma+tls": 1, "tcp": 2, "quic": 1, "other": 0},
+//	  "conns_opened":       {"rdma": 3, "rdma+tls": 1, "tcp": 2, "quic": 1, "shm": 0, "other": 0},
 //	  "conns_open":         {"rdma": 1, ...},
 //	  "bytes_read":         {"rdma": 1048576, ...},
 //	  "bytes_written":      {"rdma": 4096, ...},
@@ -37,7 +37,7 @@ import (
 // Each key set is small and fixed, so the page has the same keys every time.
 
 // transportKeys are the transports the counters keep apart, in [transportIndex] order.
-var transportKeys = [...]string{TransportRDMA, TransportRDMATLS, TransportTCP, TransportQUIC, "other"}
+var transportKeys = [...]string{TransportRDMA, TransportRDMATLS, TransportTCP, TransportQUIC, TransportSHM, "other"}
 
 func transportIndex(t string) int {
 	for i, k := range transportKeys[:len(transportKeys)-1] {

@@ -63,14 +63,15 @@ func TestMetricsMixedLoad(t *testing.T) {
 	exchangeSizes(t, c, s, 1000, 10)
 	keep(c, s)
 
-	// No provider on either side: the client has none, the server sees no offer.
-	plainLn := listen(t, &Config{})
-	c, s = pipe(t, plainLn, &Config{})
+	// No provider on either side (and no shared memory): the client has none, the
+	// server sees no offer.
+	plainLn := listen(t, &Config{DisableSHM: true})
+	c, s = pipe(t, plainLn, &Config{DisableSHM: true})
 	exchangeSizes(t, c, s, 20, 2)
 	keep(c, s)
 
 	// A client with a provider, a server without: the server declines.
-	c, s = pipe(t, plainLn, &Config{Provider: fab})
+	c, s = pipe(t, plainLn, &Config{Provider: fab, DisableSHM: true})
 	require.ErrorIs(t, c.FallbackReason(), ErrPeerDeclined)
 	exchangeSizes(t, c, s, 300, 3)
 	keep(c, s)

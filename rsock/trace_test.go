@@ -84,8 +84,8 @@ func TestTracerEvents(t *testing.T) {
 // the end of a stream is not.
 func TestTracerFailed(t *testing.T) {
 	log := &traceLog{failed: make(chan error, 2)}
-	ln := listen(t, &Config{})
-	c, s := pipe(t, ln, &Config{Tracer: log.tracer})
+	ln := listen(t, &Config{DisableSHM: true})
+	c, s := pipe(t, ln, &Config{Tracer: log.tracer, DisableSHM: true})
 	exchangeSizes(t, c, s, 1, 1)
 	s.tcp.SetLinger(0) // Close resets the connection
 	require.NoError(t, s.Close())
