@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	rsockhttp "github.com/rsockio/rsock/http"
-	"github.com/rsockio/rsock/internal/e2e/harness"
+	"github.com/rsockio/rsock/internal/harness"
 	"github.com/rsockio/rsock/rsock"
 )
 

@@ -11,7 +11,7 @@ import (
 	"go.uber.org/goleak"
 
 	rsockhttp "github.com/rsockio/rsock/http"
-	"github.com/rsockio/rsock/internal/e2e/harness"
+	"github.com/rsockio/rsock/internal/harness"
 )
 
 func TestMain(m *testing.M) {

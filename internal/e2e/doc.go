@@ -2,6 +2,6 @@
 // transport, and clients of every kind (RDMA over TCP or QUIC, TCP, QUIC, and plain
 // clients that know nothing of rsock) sharing one Listener.
 //
-// The tests are in the _test.go files; package harness, below this one, is what they
-// share with the net/http tests in package rsockhttp.
+// The tests are in the _test.go files; internal/harness is what they share with the
+// net/http tests in package rsockhttp and the examples' tests.
 package e2e

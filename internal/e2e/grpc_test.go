@@ -17,8 +17,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/rsockio/rsock/internal/e2e/harness"
 	"github.com/rsockio/rsock/internal/echosvc"
+	"github.com/rsockio/rsock/internal/harness"
 )
 
 func TestGRPCUnary(t *testing.T) {

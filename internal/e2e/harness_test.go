@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/rsockio/rsock/internal/e2e/harness"
+	"github.com/rsockio/rsock/internal/harness"
 )
 
 // TestEnvWaitsForDialsInProgress ends a test while an RDMA dial is in its handshake, as

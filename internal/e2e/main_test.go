@@ -8,8 +8,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/rsockio/rsock/internal/e2e/harness"
 	"github.com/rsockio/rsock/internal/echosvc"
+	"github.com/rsockio/rsock/internal/harness"
 )
 
 func TestMain(m *testing.M) {

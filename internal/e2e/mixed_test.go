@@ -16,8 +16,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	rsockhttp "github.com/rsockio/rsock/http"
-	"github.com/rsockio/rsock/internal/e2e/harness"
 	"github.com/rsockio/rsock/internal/echosvc"
+	"github.com/rsockio/rsock/internal/harness"
 	"github.com/rsockio/rsock/rsock"
 )
 

@@ -15,8 +15,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 
-	"github.com/rsockio/rsock/internal/e2e/harness"
 	"github.com/rsockio/rsock/internal/echosvc"
+	"github.com/rsockio/rsock/internal/harness"
 	"github.com/rsockio/rsock/internal/testcert"
 )
 

@@ -24,7 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/rsockio/rsock/internal/e2e/harness"
+	"github.com/rsockio/rsock/internal/harness"
 	"github.com/rsockio/rsock/rsock"
 	"github.com/rsockio/rsock/verbs/soft"
 )
