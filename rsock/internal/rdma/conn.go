@@ -28,6 +28,7 @@ type Conn struct {
 	qp   queuePair
 	ctrl net.Conn // bootstrap connection: liveness and close notification
 	gen  uint64   // the endpoint's generation, in every WR ID (conn_flow.go)
+	poll *poller  // the endpoint's poller, which waiting Reads and Writes poll (conn_poll.go)
 
 	stale atomic.Uint64 // completions of a destroyed QP of the same number, dropped
 
@@ -94,6 +95,10 @@ type Conn struct {
 	closed   chan struct{} // closed by Close
 	rdl, wdl deadline
 
+	// A Read or Write is parked on readable or writable: completions signal them only
+	// then (conn_poll.go). Guarded by mu.
+	readParked, writeParked bool
+
 	closeOnce sync.Once
 	startOnce sync.Once
 	closeErr  error
@@ -144,6 +149,7 @@ func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) 
 		ep:           ep,
 		qp:           ep.qp,
 		gen:          ep.gen,
+		poll:         ep.poller,
 		ctrl:         ctrl,
 		fc:           fc,
 		peerRingAddr: peer.RingAddr,

@@ -16,17 +16,23 @@ func (c *Conn) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, c.readErr()
 	}
+	spins, limit := 0, c.waitSpins()
 	for {
 		if isClosed(c.rdl.wait()) {
 			c.consume(0, 0, true)
 			return 0, os.ErrDeadlineExceeded
 		}
-		v, err := c.unread()
+		v, err := c.unread(spins >= limit)
 		if err != nil {
 			c.consume(0, 0, true)
 			return 0, err
 		}
 		if v.empty() {
+			if spins < limit {
+				spins++
+				c.pollWaiting()
+				continue
+			}
 			if err := c.waitReadable(); err != nil {
 				c.consume(0, 0, true)
 				return 0, err
@@ -53,12 +59,13 @@ func (c *Conn) WriteTo(w io.Writer) (int64, error) {
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
 	var total int64
+	spins, limit := 0, c.waitSpins()
 	for {
 		if isClosed(c.rdl.wait()) {
 			c.consume(0, 0, true)
 			return total, os.ErrDeadlineExceeded
 		}
-		v, err := c.unread()
+		v, err := c.unread(spins >= limit)
 		if err == io.EOF {
 			c.consume(0, 0, true)
 			return total, nil
@@ -68,12 +75,18 @@ func (c *Conn) WriteTo(w io.Writer) (int64, error) {
 			return total, err
 		}
 		if v.empty() {
+			if spins < limit {
+				spins++
+				c.pollWaiting()
+				continue
+			}
 			if err := c.waitReadable(); err != nil {
 				c.consume(0, 0, true)
 				return total, err
 			}
 			continue
 		}
+		spins = 0
 		var n, m int
 		var werr error
 		if v.spilled > 0 {
@@ -109,10 +122,13 @@ func (v unreadView) empty() bool { return v.spilled == 0 && v.first.Len == 0 }
 
 // unread marks a read in progress (so nothing is spilled under it) and returns the
 // buffered bytes, or, when there are none, the reason no more will come (io.EOF, a
-// failure, net.ErrClosed), or nothing to wait.
-func (c *Conn) unread() (unreadView, error) {
+// failure, net.ErrClosed), or nothing to wait. With park, a caller that finds nothing
+// is about to park on readable: it is marked parked in the same critical section, so
+// an arrival after this look signals it.
+func (c *Conn) unread(park bool) (unreadView, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.readParked = false
 	if c.closing {
 		return unreadView{}, net.ErrClosed
 	}
@@ -122,7 +138,9 @@ func (c *Conn) unread() (unreadView, error) {
 	if !v.empty() {
 		return v, nil
 	}
-	return v, c.readErrLocked()
+	err := c.readErrLocked()
+	c.readParked = park && err == nil
+	return v, err
 }
 
 func (c *Conn) readErr() error {

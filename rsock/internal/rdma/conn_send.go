@@ -51,11 +51,13 @@ func (c *Conn) writeSome(p []byte, r io.Reader) (int, error) {
 	if r == nil && len(p) == 0 {
 		return 0, c.writeErr()
 	}
+	spins, limit := 0, c.waitSpins()
 	for {
 		if isClosed(c.wdl.wait()) {
 			return 0, os.ErrDeadlineExceeded
 		}
 		c.mu.Lock()
+		c.writeParked = false
 		if err := c.writeErrLocked(); err != nil {
 			c.mu.Unlock()
 			return 0, err
@@ -80,6 +82,13 @@ func (c *Conn) writeSome(p []byte, r io.Reader) (int, error) {
 			}
 			return m, rerr
 		}
+		if spins < limit {
+			c.mu.Unlock()
+			spins++
+			c.pollWaiting()
+			continue
+		}
+		c.writeParked = true
 		c.mu.Unlock()
 		if err := c.waitWritable(); err != nil {
 			return 0, err
@@ -153,8 +162,10 @@ func (c *Conn) stageWindow(n int) []byte {
 // and send-queue room as needed. Unlike a Write, it cannot give up part way: the bytes
 // were consumed from their reader.
 func (c *Conn) postStaged(n int) error {
+	spins, limit := 0, c.waitSpins()
 	for n > 0 {
 		c.mu.Lock()
+		c.writeParked = false
 		if err := c.writeErrLocked(); err != nil {
 			c.mu.Unlock()
 			return err
@@ -166,12 +177,21 @@ func (c *Conn) postStaged(n int) error {
 				c.mu.Unlock()
 				return err
 			}
-		}
-		c.mu.Unlock()
-		if n > 0 {
-			if err := c.waitWritable(); err != nil {
-				return err
+			if n == 0 {
+				c.mu.Unlock()
+				return nil
 			}
+		}
+		if spins < limit {
+			c.mu.Unlock()
+			spins++
+			c.pollWaiting()
+			continue
+		}
+		c.writeParked = true
+		c.mu.Unlock()
+		if err := c.waitWritable(); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -42,6 +42,10 @@
 // completions, which some devices leave in the shared CQ, never reach the connection
 // whose QP reuses its number.
 //
+// A Read or Write that has to wait polls the shared CQ itself for a bounded spin before
+// it parks (conn_poll.go): the completion it waits for then reaches it without a hand-off
+// from the poller's goroutine, and completions signal a waiter only when it is parked.
+//
 // # Isolation
 //
 // A connection's ring can be written only by its own peer's QP. Each [Endpoint]
