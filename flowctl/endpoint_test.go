@@ -397,3 +397,43 @@ func TestSpillable(t *testing.T) {
 	require.Equal(t, uint64(spilled), b.consumed, "the consumer cursor counts the spilled bytes")
 	require.Equal(t, 100*ring/4, spilled+b.Buffered())
 }
+
+// TestPeerRingCredit: the peer may write a ring's worth, less what arrived, plus what
+// this side returned; consumed bytes count only once their credit is handed out.
+func TestPeerRingCredit(t *testing.T) {
+	const ring = MinRingSize
+	p := Params{RingSize: ring, RecvWQEs: 64}
+	tests := []struct {
+		name     string
+		arrive   int  // bytes delivered to b
+		consume  int  // of them, consumed by b's reader
+		giveBack bool // b hands out the update its consumption made due, if any
+		want     int
+	}{
+		{"nothing arrived", 0, 0, false, ring},
+		{"part arrived", ring / 4, 0, false, ring - ring/4},
+		{"a full ring", ring, 0, false, 0},
+		{"consumed, credit not handed out", ring, ring, false, 0},
+		{"consumed and returned", ring, ring, true, ring},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := newTestEndpoint(t, p, p)
+			b := newTestEndpoint(t, p, p)
+			for left := tt.arrive; left > 0; {
+				r, err := a.ReserveData(left)
+				require.NoError(t, err)
+				deliver(t, b, r.Msgs[:r.Count]...)
+				left -= r.Bytes
+			}
+			require.NoError(t, b.Consume(tt.consume))
+			if tt.giveBack {
+				_, ok := b.NextControl()
+				require.True(t, ok, "an update due after %d bytes consumed", tt.consume)
+			}
+			if got := b.PeerRingCredit(); got != tt.want {
+				t.Errorf("PeerRingCredit() after %d bytes arrived, %d consumed, returned %v = %d, want %d", tt.arrive, tt.consume, tt.giveBack, got, tt.want)
+			}
+		})
+	}
+}

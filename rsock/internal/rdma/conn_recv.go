@@ -193,7 +193,12 @@ func (c *Conn) consume(fromSpill, fromRing int, done bool) {
 		return
 	}
 	c.freeOldRingLocked()
-	c.spillLocked()
+	if !done || c.fc.PeerRingCredit() == 0 {
+		// At the end of a read, spill only for a peer that may be blocked on ring
+		// space: one that is not sends again, and that arrival spills if nobody reads
+		// by then. A reader that keeps reading keeps its bytes in the ring.
+		c.spillLocked()
+	}
 	c.postControlLocked()
 }
 
@@ -202,7 +207,7 @@ func (c *Conn) consume(fromSpill, fromRing int, done bool) {
 // back to the peer with the next message or update, so a writer keeps going although
 // the application does not read, until the spill buffer is full (see "Buffering" in the
 // package docs). Called with mu held, after every data arrival and at the end of every
-// read.
+// read that leaves the peer without ring credit (consume).
 func (c *Conn) spillLocked() {
 	if c.reading || c.closing || c.err != nil {
 		return

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/rsockio/rsock/flowctl"
 	"github.com/rsockio/rsock/verbs/soft"
 )
 
@@ -220,4 +221,35 @@ func TestReadWriteAllocateNothing(t *testing.T) {
 	require.NoError(t, a.Close())
 	require.NoError(t, b.Close())
 	requireReleased(t, f)
+}
+
+// TestReadEndSpillsOnlyForBlockedPeer: at the end of a Read that leaves half the ring
+// or more buffered, the bytes stay in the ring while the peer still holds ring credit
+// (its next arrival would spill them if nobody read), and are spilled when it holds
+// none, since it may be blocked until they move.
+func TestReadEndSpillsOnlyForBlockedPeer(t *testing.T) {
+	const chunk = 8 << 10
+	for _, tc := range []struct {
+		name        string
+		arrive      int // bytes arriving during the Read
+		wantSpilled bool
+	}{
+		{"peer holds credit", fakeRing - chunk, false},
+		{"peer out of credit", fakeRing, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newFakeConn(t, &fakeQP{})
+			c.mu.Lock()
+			c.reading = true // a Read in progress: arrivals do not spill
+			c.mu.Unlock()
+			for off := 0; off < tc.arrive; off += chunk {
+				arrive(t, c, uint64(off/chunk), flowctl.KindData, off, string(make([]byte, chunk)))
+			}
+			require.Zero(t, spilledBytes(c), "spilled under a Read")
+			c.consume(0, 1000, true) // the Read took 1000 bytes and ends
+			if got := spilledBytes(c); (got > 0) != tc.wantSpilled {
+				t.Errorf("after %d bytes arrived and 1000 read, %d bytes spilled; want spilled %v", tc.arrive, got, tc.wantSpilled)
+			}
+		})
+	}
 }
