@@ -47,6 +47,7 @@ type Conn struct {
 	sqPosted    uint64 // send WRs posted
 	sqDone      uint64 // send WRs retired by signaled completions
 	sinceSignal uint64 // unsignaled WRs posted since the last signaled one
+	signalTail  uint64 // staging cursor after the last signaled WR
 	signalEvery uint64
 	stageEnd    []uint64 // staging cursor after WR i, at stageEnd[i % sqDepth]
 	stage       []byte   // registered send staging buffer

@@ -258,9 +258,15 @@ func (c *Conn) fillProbeWR(i int) {
 	wr.Flags = verbs.SendSignaled
 }
 
-// postLocked posts c.wrs[:n], whose staging bytes end at c.wrEnd[:n], numbering them and deciding which are signaled: every
-// signalEvery-th, and any after which half the staging buffer or more is in flight, so
-// that a writer waiting for staging or send-queue space always has a completion coming.
+// postLocked posts c.wrs[:n], whose staging bytes end at c.wrEnd[:n], numbering them
+// and deciding which are signaled: by need, so that a writer waiting for staging or
+// send-queue space always has a completion coming, and no more often. That is every
+// signalEvery-th WR (send-queue slots free only with a signaled completion), and, once
+// half the staging buffer or more is in flight, the first WR that ends a quarter of the
+// buffer or more past the last signaled one. A writer out of staging then has a
+// signaled WR in flight whose completion frees at least three quarters of it (or, when
+// the last signaled WR has completed, the next WR is signaled: everything in flight
+// was posted after it). Each completion costs the poller and the writer.
 func (c *Conn) postLocked(n int) error {
 	size := uint64(len(c.stage))
 	for i := range n {
@@ -269,11 +275,13 @@ func (c *Conn) postLocked(n int) error {
 		wr.ID = c.gen | id&seqMask
 		c.stageEnd[id%c.sqDepth] = c.wrEnd[i]
 		c.sinceSignal++
-		if c.sinceSignal >= c.signalEvery || 2*(c.stageTail-c.stageHead) >= size {
+		if c.sinceSignal >= c.signalEvery ||
+			(2*(c.stageTail-c.stageHead) >= size && 4*(c.wrEnd[i]-c.signalTail) >= size) {
 			wr.Flags |= verbs.SendSignaled
 		}
 		if wr.Flags&verbs.SendSignaled != 0 {
 			c.sinceSignal = 0
+			c.signalTail = c.wrEnd[i]
 		}
 	}
 	if err := c.qp.PostSend(c.wrs[:n]); err != nil {
