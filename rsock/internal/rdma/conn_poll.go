@@ -17,13 +17,59 @@ import "runtime"
 // its channel only then: a spinning waiter finds the state itself, and a channel
 // signal nobody takes is a wasted lock and, in the worst case, a spurious wake-up.
 
-// waitSpins is how many times a waiting Read or Write polls before it parks: the
-// poller's spin, or none without a poller (a Conn of the fake tests).
-func (c *Conn) waitSpins() int {
-	if c.poll == nil {
+// spin is one waiting Read's or Write's spin: how many polls it has made and may make.
+// The first wait of the call claims one of the poller's spinning slots (beginSpin);
+// without one, the waiter parks at once.
+type spin struct {
+	c            *Conn
+	polls, limit int
+	begun        bool
+}
+
+// more reports whether the waiter should poll once more (pollWaiting) rather than park,
+// and counts that poll. The last poll gives the slot back: the waiter parks next.
+func (s *spin) more() bool {
+	if !s.begun {
+		s.begun, s.limit = true, s.c.beginSpin()
+	}
+	if s.polls >= s.limit {
+		return false
+	}
+	s.polls++
+	if s.polls == s.limit {
+		s.c.poll.spinners.Add(-1)
+	}
+	return true
+}
+
+// parking reports whether the waiter has spun out: if it finds nothing now, it parks.
+func (s *spin) parking() bool { return s.begun && s.polls >= s.limit }
+
+// end gives back the slot if the waiter still holds one; a later wait of the same
+// call starts afresh.
+func (s *spin) end() {
+	if s.begun && s.polls < s.limit {
+		s.c.poll.spinners.Add(-1)
+	}
+	*s = spin{c: s.c}
+}
+
+// beginSpin is how many polls a waiter may make before it parks: the poller's spin
+// while fewer waiters than the poller's maxSpinners (the processors) spin on its CQ,
+// else none. More spinners could only take the processors from the goroutines that
+// produce what they wait for (a server with many connections has many waiting Reads);
+// the waiters beyond them park and are woken as before. A non-zero result holds a
+// slot, which spin gives back.
+func (c *Conn) beginSpin() int {
+	p := c.poll
+	if p == nil || p.spin == 0 {
 		return 0
 	}
-	return c.poll.spin
+	if p.spinners.Add(1) > p.maxSpinners {
+		p.spinners.Add(-1)
+		return 0
+	}
+	return p.spin
 }
 
 // pollWaiting is one poll of a waiting Read or Write (see above). When it reaps

@@ -215,3 +215,39 @@ func TestParkedReaderIsSignaled(t *testing.T) {
 		})
 	}
 }
+
+// TestSpinSlots: a waiter spins only with one of the poller's slots, as many as its
+// maxSpinners; it gives its slot back with its last poll, or when it ends early, once,
+// so that another waiter may spin; without a slot, or with no spin configured, it parks
+// at once.
+func TestSpinSlots(t *testing.T) {
+	c, _, _ := pollingConn(t, 3)
+	c.poll.maxSpinners = 1
+	slots := func() int32 { return c.poll.spinners.Load() }
+
+	a, b := spin{c: c}, spin{c: c}
+	require.False(t, a.parking(), "parking before the first wait")
+	require.True(t, a.more(), "the first waiter spins")
+	require.Equal(t, int32(1), slots())
+	require.False(t, b.more(), "a second waiter spins past maxSpinners")
+	require.True(t, b.parking())
+	require.True(t, a.more())
+	require.True(t, a.more(), "a third poll of three")
+	require.Zero(t, slots(), "the last poll gives the slot back")
+	require.False(t, a.more(), "a fourth poll of three")
+	require.True(t, a.parking())
+	a.end()
+	require.Zero(t, slots(), "end after the last poll gives back nothing more")
+
+	b.end() // progress: b spins afresh, with the free slot
+	require.True(t, b.more())
+	require.Equal(t, int32(1), slots())
+	b.end()
+	require.Zero(t, slots(), "end gives back the slot held")
+
+	c.poll.spin = 0
+	d := spin{c: c}
+	require.False(t, d.more(), "spins with PollSpin off")
+	d.end()
+	require.Zero(t, slots())
+}

@@ -16,22 +16,26 @@ func (c *Conn) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, c.readErr()
 	}
-	spins, limit := 0, c.waitSpins()
+	s := spin{c: c}
+	defer s.end()
 	for {
 		if isClosed(c.rdl.wait()) {
 			c.consume(0, 0, true)
 			return 0, os.ErrDeadlineExceeded
 		}
-		v, err := c.unread(spins >= limit)
+		park := s.parking()
+		v, err := c.unread(park)
 		if err != nil {
 			c.consume(0, 0, true)
 			return 0, err
 		}
 		if v.empty() {
-			if spins < limit {
-				spins++
+			if s.more() {
 				c.pollWaiting()
 				continue
+			}
+			if !park {
+				continue // look once more, marked parked
 			}
 			if err := c.waitReadable(); err != nil {
 				c.consume(0, 0, true)
@@ -59,13 +63,15 @@ func (c *Conn) WriteTo(w io.Writer) (int64, error) {
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
 	var total int64
-	spins, limit := 0, c.waitSpins()
+	s := spin{c: c}
+	defer s.end()
 	for {
 		if isClosed(c.rdl.wait()) {
 			c.consume(0, 0, true)
 			return total, os.ErrDeadlineExceeded
 		}
-		v, err := c.unread(spins >= limit)
+		park := s.parking()
+		v, err := c.unread(park)
 		if err == io.EOF {
 			c.consume(0, 0, true)
 			return total, nil
@@ -75,10 +81,12 @@ func (c *Conn) WriteTo(w io.Writer) (int64, error) {
 			return total, err
 		}
 		if v.empty() {
-			if spins < limit {
-				spins++
+			if s.more() {
 				c.pollWaiting()
 				continue
+			}
+			if !park {
+				continue // look once more, marked parked
 			}
 			if err := c.waitReadable(); err != nil {
 				c.consume(0, 0, true)
@@ -86,7 +94,7 @@ func (c *Conn) WriteTo(w io.Writer) (int64, error) {
 			}
 			continue
 		}
-		spins = 0
+		s.end() // progress: the next wait spins afresh
 		var n, m int
 		var werr error
 		if v.spilled > 0 {

@@ -51,7 +51,8 @@ func (c *Conn) writeSome(p []byte, r io.Reader) (int, error) {
 	if r == nil && len(p) == 0 {
 		return 0, c.writeErr()
 	}
-	spins, limit := 0, c.waitSpins()
+	s := spin{c: c}
+	defer s.end()
 	for {
 		if isClosed(c.wdl.wait()) {
 			return 0, os.ErrDeadlineExceeded
@@ -82,9 +83,8 @@ func (c *Conn) writeSome(p []byte, r io.Reader) (int, error) {
 			}
 			return m, rerr
 		}
-		if spins < limit {
+		if s.more() {
 			c.mu.Unlock()
-			spins++
 			c.pollWaiting()
 			continue
 		}
@@ -162,7 +162,8 @@ func (c *Conn) stageWindow(n int) []byte {
 // and send-queue room as needed. Unlike a Write, it cannot give up part way: the bytes
 // were consumed from their reader.
 func (c *Conn) postStaged(n int) error {
-	spins, limit := 0, c.waitSpins()
+	s := spin{c: c}
+	defer s.end()
 	for n > 0 {
 		c.mu.Lock()
 		c.writeParked = false
@@ -182,9 +183,8 @@ func (c *Conn) postStaged(n int) error {
 				return nil
 			}
 		}
-		if spins < limit {
+		if s.more() {
 			c.mu.Unlock()
-			spins++
 			c.pollWaiting()
 			continue
 		}

@@ -75,6 +75,10 @@ type poller struct {
 	// and asleep is set while the goroutine waits for an event.
 	emptied atomic.Uint64
 	asleep  atomic.Bool
+
+	// Waiters spinning on the CQ (conn_poll.go), and how many may at once.
+	spinners    atomic.Int32
+	maxSpinners int32
 }
 
 // caughtUpSince reports whether the poller has seen its CQ empty after the moment its
@@ -97,7 +101,8 @@ func newPoller(ctx verbs.Context, capacity, spin, vector int) (*poller, error) {
 		ch.Close()
 		return nil, fmt.Errorf("create CQ of %d entries on completion vector %d: %w", capacity, vector, err)
 	}
-	return &poller{cq: cq, ch: ch, qpCQ: cq, spin: spin, capacity: capacity, handlers: make(map[uint32]completionHandler)}, nil
+	return &poller{cq: cq, ch: ch, qpCQ: cq, spin: spin, capacity: capacity, handlers: make(map[uint32]completionHandler),
+		maxSpinners: int32(runtime.GOMAXPROCS(0))}, nil
 }
 
 // reserve claims entries CQ entries for a QP about to be created on this CQ. It fails
