@@ -6,11 +6,11 @@ import "runtime"
 // does not park at once waiting for the poller's goroutine to reap the completion it
 // needs and hand it over through a channel (a goroutine hand-off per message, most of
 // a small round trip's cost). It first polls the shared CQ itself, a bounded number of
-// times (the poller's spin, Options.PollSpin), under the poller's ownership token:
-// whatever it reaps it dispatches to whichever connection owns it, exactly as the
-// goroutine would, so receive WQEs are re-posted and credits and send completions
-// accounted as usual, and its own data is buffered by the time it looks again. Only
-// then does it park. The goroutine remains for when nobody is waiting (WQEs must be
+// times (the poller's spin, Options.PollSpin; at most GOMAXPROCS waiters at once, see
+// beginSpin), under the poller's ownership token: whatever it reaps it dispatches to
+// whichever connection owns it, exactly as the goroutine would, so receive WQEs are
+// re-posted and credits and send completions accounted as usual, and its own data is
+// buffered by the time it looks again. Only then does it park. The goroutine remains for when nobody is waiting (WQEs must be
 // re-posted and credit returned whether or not the application reads).
 //
 // A parked waiter says so (readParked, writeParked, under mu), and completions signal

@@ -43,8 +43,9 @@
 // whose QP reuses its number.
 //
 // A Read or Write that has to wait polls the shared CQ itself for a bounded spin before
-// it parks (conn_poll.go): the completion it waits for then reaches it without a hand-off
-// from the poller's goroutine, and completions signal a waiter only when it is parked.
+// it parks (conn_poll.go; at most GOMAXPROCS waiters spin on a CQ at once): the
+// completion it waits for then reaches it without a hand-off from the poller's
+// goroutine, and completions signal a waiter only when it is parked.
 //
 // # Isolation
 //

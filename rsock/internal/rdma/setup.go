@@ -40,7 +40,8 @@ type Options struct {
 	// device; Prepare fails with ErrTooManyConns beyond it.
 	MaxConns int
 	// PollSpin is how many empty polls a poller makes, yielding between them, before it
-	// sleeps on the completion channel. Default 64; negative means never spin.
+	// sleeps on the completion channel, and how many a waiting Read or Write makes
+	// before it parks (conn_poll.go). Default 64; negative means never spin.
 	PollSpin int
 	// ReadBufferSize is how many bytes a Conn holds in unpinned memory, beyond its ring,
 	// for an application that is not reading (see "Buffering" in the package docs).
