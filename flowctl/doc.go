@@ -113,7 +113,10 @@
 // [Endpoint.PeerRingCredit] is zero: while the peer holds ring credit, it is not blocked
 // on ring space, and its next arrival asks again, so an application that keeps reading
 // does not have its bytes copied out of the ring and back whenever it read less than
-// was buffered. The model tests check it with receivers that never
+// was buffered. When it is zero, the engine first gives back what the reads consumed
+// with [Endpoint.CreditNow], an update sent early, once that is an eighth of the ring;
+// the peer's next arrival then asks again. Only when less is owed (or no WQE credit is
+// to spare) does the end of the read spill. The model tests check it with receivers that never
 // read and receivers that read a little and stop: the writer gets as far as the rule
 // says, and spilled bytes reach the application exactly once and in order.
 //

@@ -437,3 +437,55 @@ func TestPeerRingCredit(t *testing.T) {
 		})
 	}
 }
+
+// TestCreditNow: an early credit update carries the ring credit owed once an eighth of
+// the ring (and at least a unit) is consumed, below the threshold of a standalone
+// update (half); there is none with less owed, nor with the WQE credit down to the
+// reserve, which only the rules of the package docs may spend.
+func TestCreditNow(t *testing.T) {
+	const ring = 64 << 10
+	p := Params{RingSize: ring, RecvWQEs: 64}
+	unit := RingUnit(ring)
+	tests := []struct {
+		name       string
+		consume    int
+		exhaustWQE bool // b has used its WQE credit down to the reserve
+		want       bool
+	}{
+		{"nothing consumed", 0, false, false},
+		{"a unit", unit, false, false},
+		{"just below an eighth", ring/8 - unit, false, false},
+		{"an eighth", ring / 8, false, true},
+		{"a quarter", ring / 4, false, true},
+		{"no WQE credit to spare", ring / 4, true, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := newTestEndpoint(t, p, p)
+			b := newTestEndpoint(t, p, p)
+			r, err := a.ReserveData(ring / 2)
+			require.NoError(t, err)
+			deliver(t, b, r.Msgs[:r.Count]...)
+			require.NoError(t, b.Consume(tt.consume))
+			if tt.exhaustWQE {
+				for b.Writable() > 0 {
+					_, err := b.ReserveData(1)
+					require.NoError(t, err)
+				}
+			}
+			before := b.PeerRingCredit()
+			m, ok := b.CreditNow()
+			require.Equal(t, tt.want, ok, "CreditNow after %d bytes consumed", tt.consume)
+			if !ok {
+				require.Equal(t, before, b.PeerRingCredit(), "credit handed out without a message")
+				return
+			}
+			require.Equal(t, KindCredit, m.Kind)
+			dec, err := DecodeImm(m.Imm, 0)
+			require.NoError(t, err)
+			require.Equal(t, tt.consume/unit, int(dec.RingCredits), "ring units carried")
+			require.Equal(t, before+tt.consume/unit*unit, b.PeerRingCredit())
+			deliver(t, a, m) // the peer accepts it
+		})
+	}
+}

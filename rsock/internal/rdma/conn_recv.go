@@ -201,13 +201,35 @@ func (c *Conn) consume(fromSpill, fromRing int, done bool) {
 		return
 	}
 	c.freeOldRingLocked()
-	if !done || c.fc.PeerRingCredit() == 0 {
-		// At the end of a read, spill only for a peer that may be blocked on ring
-		// space: one that is not sends again, and that arrival spills if nobody reads
-		// by then. A reader that keeps reading keeps its bytes in the ring.
-		c.spillLocked()
-	}
 	c.postControlLocked()
+	if !done {
+		c.spillLocked() // a WriteTo in progress: nothing spills (reading)
+		return
+	}
+	// At the end of a read, a peer that still holds ring credit sends again, and that
+	// arrival spills if nobody reads by then: the bytes stay in the ring for a reader
+	// that keeps reading. A peer without credit may be blocked: give back what was
+	// consumed at once (an early credit update), and spill only when there is nothing
+	// to give back, so that a writer goes on although nobody reads any more.
+	if c.fc.PeerRingCredit() == 0 && !c.creditNowLocked() {
+		c.spillLocked()
+		c.postControlLocked()
+	}
+}
+
+// creditNowLocked posts an early credit update (flowctl's CreditNow) and reports
+// whether it did.
+func (c *Conn) creditNowLocked() bool {
+	if c.err != nil || c.sqPosted-c.sqDone >= c.sqDepth {
+		return false
+	}
+	m, ok := c.fc.CreditNow()
+	if !ok {
+		return false
+	}
+	c.fillWR(0, m, 0, false)
+	c.wrEnd[0] = c.stageTail
+	return c.postLocked(1) == nil
 }
 
 // spillLocked moves buffered bytes out of the ring into the spill buffer, as many as
@@ -215,7 +237,7 @@ func (c *Conn) consume(fromSpill, fromRing int, done bool) {
 // back to the peer with the next message or update, so a writer keeps going although
 // the application does not read, until the spill buffer is full (see "Buffering" in the
 // package docs). Called with mu held, after every data arrival and at the end of every
-// read that leaves the peer without ring credit (consume).
+// read that leaves the peer without ring credit and nothing to give back (consume).
 func (c *Conn) spillLocked() {
 	if c.reading || c.closing || c.err != nil {
 		return
