@@ -109,7 +109,14 @@
 //
 // The engine asks Spillable after every data arrival and after every read ends, while
 // no read is in progress; those are the only events that can make it non-zero, so a
-// spill that is due always happens. The model tests check it with receivers that never
+// spill that is due always happens. At the end of a read it may ask only when
+// [Endpoint.PeerRingCredit] is zero: while the peer holds ring credit, it is not blocked
+// on ring space, and its next arrival asks again, so an application that keeps reading
+// does not have its bytes copied out of the ring and back whenever it read less than
+// was buffered. When it is zero, the engine first gives back what the reads consumed
+// with [Endpoint.CreditNow], an update sent early, once that is an eighth of the ring;
+// the peer's next arrival then asks again. Only when less is owed (or no WQE credit is
+// to spare) does the end of the read spill. The model tests check it with receivers that never
 // read and receivers that read a little and stop: the writer gets as far as the rule
 // says, and spilled bytes reach the application exactly once and in order.
 //

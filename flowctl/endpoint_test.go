@@ -397,3 +397,95 @@ func TestSpillable(t *testing.T) {
 	require.Equal(t, uint64(spilled), b.consumed, "the consumer cursor counts the spilled bytes")
 	require.Equal(t, 100*ring/4, spilled+b.Buffered())
 }
+
+// TestPeerRingCredit: the peer may write a ring's worth, less what arrived, plus what
+// this side returned; consumed bytes count only once their credit is handed out.
+func TestPeerRingCredit(t *testing.T) {
+	const ring = MinRingSize
+	p := Params{RingSize: ring, RecvWQEs: 64}
+	tests := []struct {
+		name     string
+		arrive   int  // bytes delivered to b
+		consume  int  // of them, consumed by b's reader
+		giveBack bool // b hands out the update its consumption made due, if any
+		want     int
+	}{
+		{"nothing arrived", 0, 0, false, ring},
+		{"part arrived", ring / 4, 0, false, ring - ring/4},
+		{"a full ring", ring, 0, false, 0},
+		{"consumed, credit not handed out", ring, ring, false, 0},
+		{"consumed and returned", ring, ring, true, ring},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := newTestEndpoint(t, p, p)
+			b := newTestEndpoint(t, p, p)
+			for left := tt.arrive; left > 0; {
+				r, err := a.ReserveData(left)
+				require.NoError(t, err)
+				deliver(t, b, r.Msgs[:r.Count]...)
+				left -= r.Bytes
+			}
+			require.NoError(t, b.Consume(tt.consume))
+			if tt.giveBack {
+				_, ok := b.NextControl()
+				require.True(t, ok, "an update due after %d bytes consumed", tt.consume)
+			}
+			if got := b.PeerRingCredit(); got != tt.want {
+				t.Errorf("PeerRingCredit() after %d bytes arrived, %d consumed, returned %v = %d, want %d", tt.arrive, tt.consume, tt.giveBack, got, tt.want)
+			}
+		})
+	}
+}
+
+// TestCreditNow: an early credit update carries the ring credit owed once an eighth of
+// the ring (and at least a unit) is consumed, below the threshold of a standalone
+// update (half); there is none with less owed, nor with the WQE credit down to the
+// reserve, which only the rules of the package docs may spend.
+func TestCreditNow(t *testing.T) {
+	const ring = 64 << 10
+	p := Params{RingSize: ring, RecvWQEs: 64}
+	unit := RingUnit(ring)
+	tests := []struct {
+		name       string
+		consume    int
+		exhaustWQE bool // b has used its WQE credit down to the reserve
+		want       bool
+	}{
+		{"nothing consumed", 0, false, false},
+		{"a unit", unit, false, false},
+		{"just below an eighth", ring/8 - unit, false, false},
+		{"an eighth", ring / 8, false, true},
+		{"a quarter", ring / 4, false, true},
+		{"no WQE credit to spare", ring / 4, true, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := newTestEndpoint(t, p, p)
+			b := newTestEndpoint(t, p, p)
+			r, err := a.ReserveData(ring / 2)
+			require.NoError(t, err)
+			deliver(t, b, r.Msgs[:r.Count]...)
+			require.NoError(t, b.Consume(tt.consume))
+			if tt.exhaustWQE {
+				for b.Writable() > 0 {
+					_, err := b.ReserveData(1)
+					require.NoError(t, err)
+				}
+			}
+			before := b.PeerRingCredit()
+			m, ok := b.CreditNow()
+			require.Equal(t, tt.want, ok, "CreditNow after %d bytes consumed", tt.consume)
+			if !ok {
+				require.Equal(t, before, b.PeerRingCredit(), "credit handed out without a message")
+				return
+			}
+			require.Equal(t, KindCredit, m.Kind)
+			dec, err := DecodeImm(m.Imm, 0)
+			require.NoError(t, err)
+			require.Equal(t, tt.consume/unit, int(dec.RingCredits), "ring units carried")
+			require.Equal(t, before+tt.consume/unit*unit, b.PeerRingCredit())
+			deliver(t, a, m) // the peer accepts it
+		})
+	}
+}

@@ -155,6 +155,21 @@ func (e *Endpoint) Spillable(room int) int {
 	return int(min(b, uint64(room)))
 }
 
+// PeerRingCredit is how many more bytes of data the peer may write into the ring, as
+// this side counts: the credit returned (handed out in messages) plus the ring, minus
+// what arrived. It is the limit OnArrival holds the peer to. While it is positive, a
+// peer with data to write is not blocked on ring space (credit on its way reaches it),
+// so another arrival follows; at zero the peer may be blocked until this side consumes
+// or spills. The engine skips the spill at the end of a read while it is positive (see
+// "Spilling" in the package docs).
+func (e *Endpoint) PeerRingCredit() int {
+	limit := e.returned + e.ring
+	if e.arrived >= limit {
+		return 0
+	}
+	return int(limit - e.arrived)
+}
+
 // PeerClosed reports whether the peer's FIN has arrived. All its data arrived before
 // it, so once Buffered is zero as well the stream is at its end (io.EOF).
 func (e *Endpoint) PeerClosed() bool { return e.peerFIN }

@@ -148,6 +148,22 @@ func (e *Endpoint) Keepalive() (Msg, bool) {
 	return e.control(KindKeepalive), true
 }
 
+// CreditNow hands out a standalone credit update although none is due by the
+// thresholds, for a peer that may be blocked on ring space ([Endpoint.PeerRingCredit]
+// is zero) while the application reads: the bytes it consumed go back at once, not once
+// half the ring has been. Like Keepalive, it never takes the reserved WQE credit, so the
+// credit argument of the package docs is unchanged: it is an update sent early. It
+// returns false when less than an eighth of the ring is owed (a quarter of a standalone
+// update's threshold: a reader of small pieces would otherwise send an update per
+// piece, doubling the messages of a stream) or the WQE credit is down to the reserve;
+// the engine then spills instead (see "Spilling").
+func (e *Endpoint) CreditNow() (Msg, bool) {
+	if e.err != nil || e.returnable() == 0 || e.returnable() < e.pol.ringUpdate/4 || e.credit() <= e.pol.reserve {
+		return Msg{}, false
+	}
+	return e.control(KindCredit), true
+}
+
 // controlCredit reports whether a control message may be sent now. It may use the
 // reserve, but the very last WQE credit only if the message returns WQE credit too. That
 // rule is what makes a state where neither side has a credit left unreachable: the last

@@ -47,7 +47,7 @@ func (r *Config) check() error {
 		return bad("GrowRingTo", r.GrowRingTo, fmt.Sprintf("a power of two from RingSize (%d) to %d (512 KiB), 0 for the default, %d, or negative for a fixed ring",
 			ring, maxGrownRing, rdma.DefaultGrowRingTo))
 	case r.SendBufferSize != 0 && (r.SendBufferSize < minSendBuffer || r.SendBufferSize > maxSendBuffer):
-		return bad("SendBufferSize", r.SendBufferSize, fmt.Sprintf("%d (1 KiB) to %d (1 GiB), or 0 for the default, %d",
+		return bad("SendBufferSize", r.SendBufferSize, fmt.Sprintf("%d (1 KiB) to %d (1 GiB), or 0 for the default (half of GrowRingTo, or %d for a fixed ring)",
 			minSendBuffer, maxSendBuffer, rdma.DefaultSendBufferSize))
 	case r.RecvWQEs != 0 && (r.RecvWQEs < rdma.MinRecvWQEs || r.RecvWQEs > flowctl.MaxRecvWQEs):
 		return bad("RecvWQEs", r.RecvWQEs, fmt.Sprintf("%d to %d, or 0 for the default, %d",

@@ -67,7 +67,7 @@ var configCases = []struct {
 		}},
 	{field: "SendBufferSize",
 		bad: []badConfig{
-			{func(c *Config) { c.SendBufferSize = 7 }, "SendBufferSize is 7, want 1024 (1 KiB) to 1073741824 (1 GiB), or 0 for the default, 65536"},
+			{func(c *Config) { c.SendBufferSize = 7 }, "SendBufferSize is 7, want 1024 (1 KiB) to 1073741824 (1 GiB), or 0 for the default (half of GrowRingTo, or 65536 for a fixed ring)"},
 			{func(c *Config) { c.SendBufferSize = -1 }, "SendBufferSize is -1, want 1024"},
 			{func(c *Config) { c.SendBufferSize = 1<<30 + 1 }, "SendBufferSize is 1073741825, want 1024"},
 		},

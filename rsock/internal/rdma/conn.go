@@ -28,6 +28,7 @@ type Conn struct {
 	qp   queuePair
 	ctrl net.Conn // bootstrap connection: liveness and close notification
 	gen  uint64   // the endpoint's generation, in every WR ID (conn_flow.go)
+	poll *poller  // the endpoint's poller, which waiting Reads and Writes poll (conn_poll.go)
 
 	stale atomic.Uint64 // completions of a destroyed QP of the same number, dropped
 
@@ -46,6 +47,7 @@ type Conn struct {
 	sqPosted    uint64 // send WRs posted
 	sqDone      uint64 // send WRs retired by signaled completions
 	sinceSignal uint64 // unsignaled WRs posted since the last signaled one
+	signalTail  uint64 // staging cursor after the last signaled WR
 	signalEvery uint64
 	stageEnd    []uint64 // staging cursor after WR i, at stageEnd[i % sqDepth]
 	stage       []byte   // registered send staging buffer
@@ -93,6 +95,10 @@ type Conn struct {
 	drained  chan struct{} // cap 1: a send completion arrived (Close waits for the drain)
 	closed   chan struct{} // closed by Close
 	rdl, wdl deadline
+
+	// A Read or Write is parked on readable or writable: completions signal them only
+	// then (conn_poll.go). Guarded by mu.
+	readParked, writeParked bool
 
 	closeOnce sync.Once
 	startOnce sync.Once
@@ -146,6 +152,7 @@ func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) 
 		ep:           ep,
 		qp:           ep.qp,
 		gen:          ep.gen,
+		poll:         ep.poller,
 		ctrl:         ctrl,
 		fc:           fc,
 		peerRingAddr: peer.RingAddr,

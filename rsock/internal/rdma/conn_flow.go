@@ -102,10 +102,10 @@ func (c *Conn) onRecv(wc *verbs.WorkCompletion) {
 		c.spillLocked()
 		c.maybeGrowLocked(a.Len)
 	}
-	if a.Len > 0 || c.fc.PeerClosed() {
+	if c.readParked && (a.Len > 0 || c.fc.PeerClosed()) {
 		signal(c.readable)
 	}
-	if a.Credited {
+	if c.writeParked && a.Credited {
 		signal(c.writable)
 	}
 	c.postControlLocked()
@@ -127,8 +127,12 @@ func (c *Conn) onSendDone(seq uint64) {
 	// below the new one's start: the head never moves back.
 	c.stageHead = max(c.stageHead, c.stageEnd[id%c.sqDepth])
 	c.freeOldStageLocked()
-	signal(c.writable)
-	signal(c.drained)
+	if c.writeParked {
+		signal(c.writable)
+	}
+	if c.closing {
+		signal(c.drained) // only Close waits for it, after setting closing
+	}
 	c.postControlLocked()
 }
 

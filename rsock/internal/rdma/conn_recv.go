@@ -16,17 +16,27 @@ func (c *Conn) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, c.readErr()
 	}
+	s := spin{c: c}
+	defer s.end()
 	for {
 		if isClosed(c.rdl.wait()) {
 			c.consume(0, 0, true)
 			return 0, os.ErrDeadlineExceeded
 		}
-		v, err := c.unread()
+		park := s.parking()
+		v, err := c.unread(park)
 		if err != nil {
 			c.consume(0, 0, true)
 			return 0, err
 		}
 		if v.empty() {
+			if s.more() {
+				c.pollWaiting()
+				continue
+			}
+			if !park {
+				continue // look once more, marked parked
+			}
 			if err := c.waitReadable(); err != nil {
 				c.consume(0, 0, true)
 				return 0, err
@@ -53,12 +63,15 @@ func (c *Conn) WriteTo(w io.Writer) (int64, error) {
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
 	var total int64
+	s := spin{c: c}
+	defer s.end()
 	for {
 		if isClosed(c.rdl.wait()) {
 			c.consume(0, 0, true)
 			return total, os.ErrDeadlineExceeded
 		}
-		v, err := c.unread()
+		park := s.parking()
+		v, err := c.unread(park)
 		if err == io.EOF {
 			c.consume(0, 0, true)
 			return total, nil
@@ -68,12 +81,20 @@ func (c *Conn) WriteTo(w io.Writer) (int64, error) {
 			return total, err
 		}
 		if v.empty() {
+			if s.more() {
+				c.pollWaiting()
+				continue
+			}
+			if !park {
+				continue // look once more, marked parked
+			}
 			if err := c.waitReadable(); err != nil {
 				c.consume(0, 0, true)
 				return total, err
 			}
 			continue
 		}
+		s.end() // progress: the next wait spins afresh
 		var n, m int
 		var werr error
 		if v.spilled > 0 {
@@ -109,10 +130,13 @@ func (v unreadView) empty() bool { return v.spilled == 0 && v.first.Len == 0 }
 
 // unread marks a read in progress (so nothing is spilled under it) and returns the
 // buffered bytes, or, when there are none, the reason no more will come (io.EOF, a
-// failure, net.ErrClosed), or nothing to wait.
-func (c *Conn) unread() (unreadView, error) {
+// failure, net.ErrClosed), or nothing to wait. With park, a caller that finds nothing
+// is about to park on readable: it is marked parked in the same critical section, so
+// an arrival after this look signals it.
+func (c *Conn) unread(park bool) (unreadView, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.readParked = false
 	if c.closing {
 		return unreadView{}, net.ErrClosed
 	}
@@ -122,7 +146,9 @@ func (c *Conn) unread() (unreadView, error) {
 	if !v.empty() {
 		return v, nil
 	}
-	return v, c.readErrLocked()
+	err := c.readErrLocked()
+	c.readParked = park && err == nil
+	return v, err
 }
 
 func (c *Conn) readErr() error {
@@ -175,8 +201,35 @@ func (c *Conn) consume(fromSpill, fromRing int, done bool) {
 		return
 	}
 	c.freeOldRingLocked()
-	c.spillLocked()
 	c.postControlLocked()
+	if !done {
+		c.spillLocked() // a WriteTo in progress: nothing spills (reading)
+		return
+	}
+	// At the end of a read, a peer that still holds ring credit sends again, and that
+	// arrival spills if nobody reads by then: the bytes stay in the ring for a reader
+	// that keeps reading. A peer without credit may be blocked: give back what was
+	// consumed at once (an early credit update), and spill only when there is nothing
+	// to give back, so that a writer goes on although nobody reads any more.
+	if c.fc.PeerRingCredit() == 0 && !c.creditNowLocked() {
+		c.spillLocked()
+		c.postControlLocked()
+	}
+}
+
+// creditNowLocked posts an early credit update (flowctl's CreditNow) and reports
+// whether it did.
+func (c *Conn) creditNowLocked() bool {
+	if c.err != nil || c.sqPosted-c.sqDone >= c.sqDepth {
+		return false
+	}
+	m, ok := c.fc.CreditNow()
+	if !ok {
+		return false
+	}
+	c.fillWR(0, m, 0, false)
+	c.wrEnd[0] = c.stageTail
+	return c.postLocked(1) == nil
 }
 
 // spillLocked moves buffered bytes out of the ring into the spill buffer, as many as
@@ -184,7 +237,7 @@ func (c *Conn) consume(fromSpill, fromRing int, done bool) {
 // back to the peer with the next message or update, so a writer keeps going although
 // the application does not read, until the spill buffer is full (see "Buffering" in the
 // package docs). Called with mu held, after every data arrival and at the end of every
-// read.
+// read that leaves the peer without ring credit and nothing to give back (consume).
 func (c *Conn) spillLocked() {
 	if c.reading || c.closing || c.err != nil {
 		return

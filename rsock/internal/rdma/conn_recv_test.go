@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/rsockio/rsock/flowctl"
 	"github.com/rsockio/rsock/verbs/soft"
 )
 
@@ -220,4 +221,49 @@ func TestReadWriteAllocateNothing(t *testing.T) {
 	require.NoError(t, a.Close())
 	require.NoError(t, b.Close())
 	requireReleased(t, f)
+}
+
+// TestReadEndSpillsOnlyForBlockedPeer: at the end of a Read that leaves half the ring
+// or more buffered, the bytes stay in the ring while the peer still holds ring credit
+// (its next arrival would spill them if nobody read). When it holds none it may be
+// blocked: what the Read consumed goes back at once in an early credit update, when it
+// is an eighth of the ring or more; after less, the end of the Read spills (and returns
+// the credit of the spilled bytes).
+func TestReadEndSpillsOnlyForBlockedPeer(t *testing.T) {
+	const chunk = 8 << 10
+	for _, tc := range []struct {
+		name        string
+		arrive      int // bytes arriving during the Read
+		read        int // bytes the Read takes from the ring
+		wantSpilled bool
+		wantCredit  bool // an early credit update is posted
+	}{
+		{"peer holds credit", fakeRing - chunk, 1000, false, false},
+		{"peer out of credit", fakeRing, fakeRing / 8, false, true},
+		{"peer out of credit, little read", fakeRing, 1000, true, true}, // the spilled bytes' credit
+		{"peer out of credit, nothing read", fakeRing, 0, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			q := &fakeQP{}
+			c := newFakeConn(t, q)
+			c.mu.Lock()
+			c.reading = true // a Read in progress: arrivals do not spill
+			c.mu.Unlock()
+			for off := 0; off < tc.arrive; off += chunk {
+				arrive(t, c, uint64(off/chunk), flowctl.KindData, off, string(make([]byte, chunk)))
+			}
+			require.Zero(t, spilledBytes(c), "spilled under a Read")
+			c.consume(0, tc.read, true) // the Read ends
+			if got := spilledBytes(c); (got > 0) != tc.wantSpilled {
+				t.Errorf("after %d bytes arrived and %d read, %d bytes spilled; want spilled %v", tc.arrive, tc.read, got, tc.wantSpilled)
+			}
+			credit := false
+			for _, wr := range q.posted() {
+				m, err := flowctl.DecodeImm(wr.Imm, 0)
+				require.NoError(t, err)
+				credit = credit || (m.Kind == flowctl.KindCredit && m.RingCredits > 0)
+			}
+			require.Equal(t, tc.wantCredit, credit, "a credit update posted after %d bytes arrived and %d read", tc.arrive, tc.read)
+		})
+	}
 }

@@ -235,9 +235,10 @@ func TestRingDescRoundTrip(t *testing.T) {
 	require.Equal(t, uint32(64<<10), size)
 }
 
-// TestGrowthDefaults: rings grow by default, from 8 KiB to 128 KiB with 4 KiB of
-// staging to start; a negative GrowRingTo, one equal to RingSize, or a RingSize of the
-// default largest ring or more keeps a fixed ring and full staging.
+// TestGrowthDefaults: rings grow by default, from 8 KiB to 512 KiB with 4 KiB of
+// staging to start, growing to half the largest ring unless SendBufferSize says
+// otherwise; a negative GrowRingTo, one equal to RingSize, or a RingSize of 128 KiB or
+// more keeps a fixed ring and full staging, 64 KiB by default.
 func TestGrowthDefaults(t *testing.T) {
 	tests := []struct {
 		name            string
@@ -245,13 +246,16 @@ func TestGrowthDefaults(t *testing.T) {
 		ring, growTo    int
 		grows           bool
 		firstSendBuffer int
+		sendBuffer      int
 	}{
-		{"defaults", Options{}, 8 << 10, 128 << 10, true, 4 << 10},
-		{"fixed by a negative GrowRingTo", Options{GrowRingTo: -5}, 8 << 10, -1, false, 64 << 10},
-		{"fixed by GrowRingTo equal to RingSize", Options{RingSize: 16 << 10, GrowRingTo: 16 << 10}, 16 << 10, 16 << 10, false, 64 << 10},
-		{"fixed by a large RingSize", Options{RingSize: 128 << 10}, 128 << 10, -1, false, 64 << 10},
-		{"larger first ring grows to the default", Options{RingSize: 32 << 10}, 32 << 10, 128 << 10, true, 16 << 10},
-		{"grows further", Options{GrowRingTo: 512 << 10}, 8 << 10, 512 << 10, true, 4 << 10},
+		{"defaults", Options{}, 8 << 10, 512 << 10, true, 4 << 10, 256 << 10},
+		{"fixed by a negative GrowRingTo", Options{GrowRingTo: -5}, 8 << 10, -1, false, 64 << 10, 64 << 10},
+		{"fixed by GrowRingTo equal to RingSize", Options{RingSize: 16 << 10, GrowRingTo: 16 << 10}, 16 << 10, 16 << 10, false, 64 << 10, 64 << 10},
+		{"fixed by a large RingSize", Options{RingSize: 128 << 10}, 128 << 10, -1, false, 64 << 10, 64 << 10},
+		{"larger first ring grows to the default", Options{RingSize: 32 << 10}, 32 << 10, 512 << 10, true, 16 << 10, 256 << 10},
+		{"fixed ring below the default", Options{RingSize: 64 << 10, GrowRingTo: -1}, 64 << 10, -1, false, 64 << 10, 64 << 10},
+		{"smaller growth, staging follows", Options{GrowRingTo: 128 << 10}, 8 << 10, 128 << 10, true, 4 << 10, 64 << 10},
+		{"staging set", Options{SendBufferSize: 32 << 10}, 8 << 10, 512 << 10, true, 4 << 10, 32 << 10},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -261,6 +265,7 @@ func TestGrowthDefaults(t *testing.T) {
 			require.Equal(t, tt.growTo, o.GrowRingTo, "GrowRingTo")
 			require.Equal(t, tt.grows, o.grows(), "grows")
 			require.Equal(t, tt.firstSendBuffer, o.firstSendBuffer(), "first send buffer")
+			require.Equal(t, tt.sendBuffer, o.SendBufferSize, "SendBufferSize")
 			require.Equal(t, o, o.withDefaults(), "defaults applied twice")
 		})
 	}

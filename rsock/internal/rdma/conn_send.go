@@ -51,11 +51,14 @@ func (c *Conn) writeSome(p []byte, r io.Reader) (int, error) {
 	if r == nil && len(p) == 0 {
 		return 0, c.writeErr()
 	}
+	s := spin{c: c}
+	defer s.end()
 	for {
 		if isClosed(c.wdl.wait()) {
 			return 0, os.ErrDeadlineExceeded
 		}
 		c.mu.Lock()
+		c.writeParked = false
 		if err := c.writeErrLocked(); err != nil {
 			c.mu.Unlock()
 			return 0, err
@@ -81,6 +84,12 @@ func (c *Conn) writeSome(p []byte, r io.Reader) (int, error) {
 			return m, rerr
 		}
 		noCredit := c.fc.Writable() == 0
+		if s.more() {
+			c.mu.Unlock()
+			c.pollWaiting()
+			continue
+		}
+		c.writeParked = true
 		c.mu.Unlock()
 		if err := c.waitCredit(noCredit); err != nil {
 			return 0, err
@@ -154,8 +163,11 @@ func (c *Conn) stageWindow(n int) []byte {
 // and send-queue room as needed. Unlike a Write, it cannot give up part way: the bytes
 // were consumed from their reader.
 func (c *Conn) postStaged(n int) error {
+	s := spin{c: c}
+	defer s.end()
 	for n > 0 {
 		c.mu.Lock()
+		c.writeParked = false
 		if err := c.writeErrLocked(); err != nil {
 			c.mu.Unlock()
 			return err
@@ -168,12 +180,20 @@ func (c *Conn) postStaged(n int) error {
 				c.mu.Unlock()
 				return err
 			}
-		}
-		c.mu.Unlock()
-		if n > 0 {
-			if err := c.waitCredit(!credit); err != nil {
-				return err
+			if n == 0 {
+				c.mu.Unlock()
+				return nil
 			}
+		}
+		if s.more() {
+			c.mu.Unlock()
+			c.pollWaiting()
+			continue
+		}
+		c.writeParked = true
+		c.mu.Unlock()
+		if err := c.waitCredit(!credit); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -241,9 +261,15 @@ func (c *Conn) fillProbeWR(i int) {
 	wr.Flags = verbs.SendSignaled
 }
 
-// postLocked posts c.wrs[:n], whose staging bytes end at c.wrEnd[:n], numbering them and deciding which are signaled: every
-// signalEvery-th, and any after which half the staging buffer or more is in flight, so
-// that a writer waiting for staging or send-queue space always has a completion coming.
+// postLocked posts c.wrs[:n], whose staging bytes end at c.wrEnd[:n], numbering them
+// and deciding which are signaled: by need, so that a writer waiting for staging or
+// send-queue space always has a completion coming, and no more often. That is every
+// signalEvery-th WR (send-queue slots free only with a signaled completion), and, once
+// half the staging buffer or more is in flight, the first WR that ends a quarter of the
+// buffer or more past the last signaled one. A writer out of staging then has a
+// signaled WR in flight whose completion frees at least three quarters of it (or, when
+// the last signaled WR has completed, the next WR is signaled: everything in flight
+// was posted after it). Each completion costs the poller and the writer.
 func (c *Conn) postLocked(n int) error {
 	size := uint64(len(c.stage))
 	for i := range n {
@@ -252,11 +278,13 @@ func (c *Conn) postLocked(n int) error {
 		wr.ID = c.gen | id&seqMask
 		c.stageEnd[id%c.sqDepth] = c.wrEnd[i]
 		c.sinceSignal++
-		if c.sinceSignal >= c.signalEvery || 2*(c.stageTail-c.stageHead) >= size {
+		if c.sinceSignal >= c.signalEvery ||
+			(2*(c.stageTail-c.stageHead) >= size && 4*(c.wrEnd[i]-c.signalTail) >= size) {
 			wr.Flags |= verbs.SendSignaled
 		}
 		if wr.Flags&verbs.SendSignaled != 0 {
 			c.sinceSignal = 0
+			c.signalTail = c.wrEnd[i]
 		}
 	}
 	if err := c.qp.PostSend(c.wrs[:n]); err != nil {

@@ -131,3 +131,61 @@ func TestSendFailures(t *testing.T) {
 		})
 	}
 }
+
+// TestSignaledByNeed: below half the staging buffer in flight only every signalEvery-th
+// WR is signaled; above it, one WR per quarter of the buffer, not every one; and a
+// writer that has filled the buffer has a signaled WR in flight whose completion lets it
+// go on.
+func TestSignaledByNeed(t *testing.T) {
+	const kib = 1 << 10 // fakeStage is 16 KiB: writes of 1 KiB, none completed
+	tests := []struct {
+		name        string
+		signalEvery uint64
+		writes      int
+		want        []int // indexes of the signaled WRs
+	}{
+		{"below half the buffer", 1000, 7, nil},
+		{"one per quarter above half", 1000, 16, []int{7, 11, 15}},
+		{"every signalEvery-th below half", 3, 7, []int{2, 5}},
+		{"both", 3, 16, []int{2, 5, 8, 11, 14}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			q := &fakeQP{}
+			c := newFakeConn(t, q)
+			c.sqDepth, c.stageEnd, c.signalEvery = 64, make([]uint64, 64), tt.signalEvery
+			for range tt.writes {
+				_, err := c.Write(make([]byte, kib))
+				require.NoError(t, err)
+			}
+			var got []int
+			for i, wr := range q.posted() {
+				if wr.Flags&verbs.SendSignaled != 0 {
+					got = append(got, i)
+				}
+			}
+			require.Equal(t, tt.want, got, "signaled WRs of %d 1 KiB writes into %d KiB of staging", tt.writes, fakeStage/kib)
+		})
+	}
+
+	// The buffer full, the last signaled WR's completion frees it.
+	q := &fakeQP{}
+	c := newFakeConn(t, q)
+	c.sqDepth, c.stageEnd, c.signalEvery = 64, make([]uint64, 64), 1000
+	for range fakeStage / kib {
+		_, err := c.Write(make([]byte, kib))
+		require.NoError(t, err)
+	}
+	c.mu.Lock()
+	room := c.writeRoomLocked()
+	c.mu.Unlock()
+	require.Zero(t, room, "staging full")
+	wrs := q.posted()
+	last := wrs[len(wrs)-1]
+	require.NotZero(t, last.Flags&verbs.SendSignaled, "the WR that filled the buffer is not signaled")
+	c.onCompletion(&verbs.WorkCompletion{WRID: last.ID, Status: verbs.WCSuccess, Opcode: verbs.WCRDMAWrite})
+	c.mu.Lock()
+	room = c.writeRoomLocked()
+	c.mu.Unlock()
+	require.Equal(t, fakeStage/4, room, "room after the completion (one chunk)")
+}

@@ -45,6 +45,11 @@
 // completions, which some devices leave in the shared CQ, never reach the connection
 // whose QP reuses its number.
 //
+// A Read or Write that has to wait polls the shared CQ itself for a bounded spin before
+// it parks (conn_poll.go; at most GOMAXPROCS waiters spin on a CQ at once): the
+// completion it waits for then reaches it without a hand-off from the poller's
+// goroutine, and completions signal a waiter only when it is parked.
+//
 // # Isolation
 //
 // A connection's ring can be written only by its own peer's QP. Each [Endpoint]
@@ -82,7 +87,7 @@
 // connection: they write a whole request before the peer has accepted, write a large
 // response before reading, write their last bytes and close. The registered ring is the
 // NIC's landing zone and is pinned, so it stays small (8 KiB by default, growing to
-// 128 KiB under a stream: "Rings that grow"); alone, it would block such a writer once
+// 512 KiB under a stream: "Rings that grow"); alone, it would block such a writer once
 // it is full, and deadlock some of them.
 //
 // So a Conn also buffers in ordinary, unpinned memory, on the receiving side: when its
@@ -141,10 +146,10 @@
 //     SendBufferSize, when it rather than credit limits a write; the old one stays
 //     until the sends from it complete. It does not shrink.
 //
-// At the defaults (RingSize 8 KiB, GrowRingTo 128 KiB) an idle end holds about 58 KiB
+// At the defaults (RingSize 8 KiB, GrowRingTo 512 KiB) an idle end holds about 58 KiB
 // in all (TestIdleFootprint: 5,000 connections, heap with soft's registered memory, its
 // share of the CQs, goroutine stacks), 12 KiB of it registered, and a stream grows to a
-// 128 KiB ring and 64 KiB of staging (BenchmarkStream). Every ring, fixed or not, is
+// 512 KiB ring and 256 KiB of staging (BenchmarkStream). Every ring, fixed or not, is
 // followed by its mailbox, since any peer may grow: the hello's version rules out peers
 // from before rings grew, so no capability bit is needed.
 //

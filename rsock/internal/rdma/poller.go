@@ -44,7 +44,9 @@ const pollBatch = 64
 // completion channel, which parks only this goroutine.
 //
 // The goroutine runs only while at least one QP is attached: the first attach starts it
-// and the last detach stops it, so an idle process holds no poller goroutines.
+// and the last detach stops it, so an idle process holds no poller goroutines. Reads and
+// Writes that wait poll the CQ too (pollFor, conn_poll.go); the token (tok) keeps one
+// poller at a time, so completions are dispatched in order whoever reaps them.
 type poller struct {
 	cq       completionQueue  // what the goroutine polls and arms
 	ch       completionEvents // where it sleeps
@@ -59,13 +61,24 @@ type poller struct {
 	cancel   context.CancelFunc
 	done     chan struct{}
 
-	wcs [pollBatch]verbs.WorkCompletion // owned by the goroutine
+	// tok is the CQ's ownership token: whoever holds it polls the CQ and dispatches
+	// what it reaps, so completions reach their handlers one at a time and in CQ order
+	// (flowctl requires arrivals in order). The goroutine takes it for each poll; a Read
+	// or Write that waits for its connection's completions takes it when it is free
+	// (pollFor) instead of waiting for the goroutine to hand them over. wcs belongs to
+	// the holder. Lock order: tok, then mu.
+	tok sync.Mutex
+	wcs [pollBatch]verbs.WorkCompletion
 
 	// Progress, for a connection deciding whether a completion it expects could still be
 	// in the CQ (see caughtUpSince): emptied counts the polls that found the CQ empty,
 	// and asleep is set while the goroutine waits for an event.
 	emptied atomic.Uint64
 	asleep  atomic.Bool
+
+	// Waiters spinning on the CQ (conn_poll.go), and how many may at once.
+	spinners    atomic.Int32
+	maxSpinners int32
 }
 
 // caughtUpSince reports whether the poller has seen its CQ empty after the moment its
@@ -88,7 +101,8 @@ func newPoller(ctx verbs.Context, capacity, spin, vector int) (*poller, error) {
 		ch.Close()
 		return nil, fmt.Errorf("create CQ of %d entries on completion vector %d: %w", capacity, vector, err)
 	}
-	return &poller{cq: cq, ch: ch, qpCQ: cq, spin: spin, capacity: capacity, handlers: make(map[uint32]completionHandler)}, nil
+	return &poller{cq: cq, ch: ch, qpCQ: cq, spin: spin, capacity: capacity, handlers: make(map[uint32]completionHandler),
+		maxSpinners: int32(runtime.GOMAXPROCS(0))}, nil
 }
 
 // reserve claims entries CQ entries for a QP about to be created on this CQ. It fails
@@ -165,17 +179,17 @@ func (p *poller) run(ctx context.Context, done chan struct{}) {
 	defer close(done)
 	empty := 0
 	for ctx.Err() == nil {
-		n, err := p.cq.Poll(p.wcs[:])
+		// While a waiting Read or Write holds the token, it polls for everyone: the
+		// goroutine counts that as an empty poll rather than queue behind it.
+		n, err := p.reap(false)
 		if err != nil {
 			p.fail(err)
 			return
 		}
 		if n > 0 {
-			p.dispatch(n)
 			empty = 0
 			continue
 		}
-		p.emptied.Add(1)
 		if empty < p.spin {
 			empty++
 			runtime.Gosched()
@@ -186,16 +200,14 @@ func (p *poller) run(ctx context.Context, done chan struct{}) {
 			return
 		}
 		// A completion that arrived before the arming raised no event: look again.
-		if n, err = p.cq.Poll(p.wcs[:]); err != nil {
+		if n, err = p.reap(true); err != nil {
 			p.fail(err)
 			return
 		}
 		if n > 0 {
-			p.dispatch(n)
 			empty = 0
 			continue
 		}
-		p.emptied.Add(1)
 		p.asleep.Store(true)
 		_, err = p.ch.Wait(ctx)
 		p.asleep.Store(false)
@@ -210,21 +222,84 @@ func (p *poller) run(ctx context.Context, done chan struct{}) {
 	}
 }
 
-// dispatch hands the first n reaped completions to their QPs' handlers.
-func (p *poller) dispatch(n int) {
+// reap takes the token, polls one batch and dispatches it: the goroutine's poll. An
+// empty poll counts in emptied (see caughtUpSince). Without wait, it returns 0 at once
+// when the token is taken.
+func (p *poller) reap(wait bool) (int, error) {
+	if wait {
+		p.tok.Lock()
+	} else if !p.tok.TryLock() {
+		return 0, nil
+	}
+	defer p.tok.Unlock()
+	n, err := p.cq.Poll(p.wcs[:])
+	if err != nil || n == 0 {
+		if err == nil {
+			p.emptied.Add(1)
+		}
+		return 0, err
+	}
 	p.mu.RLock()
+	p.dispatchLocked(n)
+	p.mu.RUnlock()
+	return n, nil
+}
+
+// pollFor is the poll of a Read or Write that waits on QP qpn, attached with handler h:
+// when the token is free and h is still attached, it polls one batch and dispatches it
+// to whichever connections own the completions, exactly as the goroutine would. It
+// returns how many completions it reaped, or -1 when it did not poll (the token was
+// taken: someone else is polling; or h is detached, when the CQ may be going away).
+// It never blocks.
+//
+// mu stays read-locked across the poll, so a detach, and the CQ's destruction after
+// the last one, wait for it to end.
+func (p *poller) pollFor(qpn uint32, h completionHandler) int {
+	if !p.tok.TryLock() {
+		return -1
+	}
+	p.mu.RLock()
+	if p.err != nil || p.handlers[qpn] != h {
+		p.mu.RUnlock()
+		p.tok.Unlock()
+		return -1
+	}
+	n, err := p.cq.Poll(p.wcs[:])
+	switch {
+	case err != nil:
+	case n == 0:
+		p.emptied.Add(1)
+	default:
+		p.dispatchLocked(n)
+	}
+	p.mu.RUnlock()
+	p.tok.Unlock()
+	if err != nil {
+		p.fail(err) // the goroutine's next poll fails the same way and stops
+		return -1
+	}
+	return n
+}
+
+// dispatchLocked hands the first n reaped completions to their QPs' handlers. Called
+// with tok held and mu read-locked.
+func (p *poller) dispatchLocked(n int) {
 	for i := range n {
 		wc := &p.wcs[i]
 		if h := p.handlers[wc.QPN]; h != nil {
 			h.onCompletion(wc)
 		}
 	}
-	p.mu.RUnlock()
 }
 
-// fail records a fatal CQ error and tells every attached QP.
+// fail records a fatal CQ error and tells every attached QP, once: a failing CQ may
+// be seen by the goroutine and by a waiting Read or Write.
 func (p *poller) fail(err error) {
 	p.mu.Lock()
+	if p.err != nil {
+		p.mu.Unlock()
+		return
+	}
 	p.err = fmt.Errorf("completion queue failed: %w", err)
 	hs := make([]completionHandler, 0, len(p.handlers))
 	for _, h := range p.handlers {

@@ -1,0 +1,82 @@
+package rdma
+
+import "runtime"
+
+// The latency path. A Read that finds nothing buffered, or a Write that finds no room,
+// does not park at once waiting for the poller's goroutine to reap the completion it
+// needs and hand it over through a channel (a goroutine hand-off per message, most of
+// a small round trip's cost). It first polls the shared CQ itself, a bounded number of
+// times (the poller's spin, Options.PollSpin; at most GOMAXPROCS waiters at once, see
+// beginSpin), under the poller's ownership token: whatever it reaps it dispatches to
+// whichever connection owns it, exactly as the goroutine would, so receive WQEs are
+// re-posted and credits and send completions accounted as usual, and its own data is
+// buffered by the time it looks again. Only then does it park. The goroutine remains for when nobody is waiting (WQEs must be
+// re-posted and credit returned whether or not the application reads).
+//
+// A parked waiter says so (readParked, writeParked, under mu), and completions signal
+// its channel only then: a spinning waiter finds the state itself, and a channel
+// signal nobody takes is a wasted lock and, in the worst case, a spurious wake-up.
+
+// spin is one waiting Read's or Write's spin: how many polls it has made and may make.
+// The first wait of the call claims one of the poller's spinning slots (beginSpin);
+// without one, the waiter parks at once.
+type spin struct {
+	c            *Conn
+	polls, limit int
+	begun        bool
+}
+
+// more reports whether the waiter should poll once more (pollWaiting) rather than park,
+// and counts that poll. The last poll gives the slot back: the waiter parks next.
+func (s *spin) more() bool {
+	if !s.begun {
+		s.begun, s.limit = true, s.c.beginSpin()
+	}
+	if s.polls >= s.limit {
+		return false
+	}
+	s.polls++
+	if s.polls == s.limit {
+		s.c.poll.spinners.Add(-1)
+	}
+	return true
+}
+
+// parking reports whether the waiter has spun out: if it finds nothing now, it parks.
+func (s *spin) parking() bool { return s.begun && s.polls >= s.limit }
+
+// end gives back the slot if the waiter still holds one; a later wait of the same
+// call starts afresh.
+func (s *spin) end() {
+	if s.begun && s.polls < s.limit {
+		s.c.poll.spinners.Add(-1)
+	}
+	*s = spin{c: s.c}
+}
+
+// beginSpin is how many polls a waiter may make before it parks: the poller's spin
+// while fewer waiters than the poller's maxSpinners (the processors) spin on its CQ,
+// else none. More spinners could only take the processors from the goroutines that
+// produce what they wait for (a server with many connections has many waiting Reads);
+// the waiters beyond them park and are woken as before. A non-zero result holds a
+// slot, which spin gives back.
+func (c *Conn) beginSpin() int {
+	p := c.poll
+	if p == nil || p.spin == 0 {
+		return 0
+	}
+	if p.spinners.Add(1) > p.maxSpinners {
+		p.spinners.Add(-1)
+		return 0
+	}
+	return p.spin
+}
+
+// pollWaiting is one poll of a waiting Read or Write (see above). When it reaps
+// nothing, because the CQ was empty or someone else holds the token, it yields the
+// processor: on a loaded machine the peer, or whoever polls, may need it.
+func (c *Conn) pollWaiting() {
+	if c.poll == nil || c.poll.pollFor(c.qp.QPN(), c) <= 0 {
+		runtime.Gosched()
+	}
+}
