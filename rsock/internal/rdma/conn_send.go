@@ -53,6 +53,8 @@ func (c *Conn) writeSome(p []byte, r io.Reader) (int, error) {
 	}
 	s := spin{c: c}
 	defer s.end()
+	var stall creditStall
+	defer stall.end(c) // outside mu: the hook may call back into c
 	for {
 		if isClosed(c.wdl.wait()) {
 			return 0, os.ErrDeadlineExceeded
@@ -83,7 +85,9 @@ func (c *Conn) writeSome(p []byte, r io.Reader) (int, error) {
 			}
 			return m, rerr
 		}
-		noCredit := c.fc.Writable() == 0
+		if c.fc.Writable() == 0 {
+			stall.noCredit()
+		}
 		if s.more() {
 			c.mu.Unlock()
 			c.pollWaiting()
@@ -91,7 +95,7 @@ func (c *Conn) writeSome(p []byte, r io.Reader) (int, error) {
 		}
 		c.writeParked = true
 		c.mu.Unlock()
-		if err := c.waitCredit(noCredit); err != nil {
+		if err := c.waitWritable(); err != nil {
 			return 0, err
 		}
 	}
@@ -165,6 +169,8 @@ func (c *Conn) stageWindow(n int) []byte {
 func (c *Conn) postStaged(n int) error {
 	s := spin{c: c}
 	defer s.end()
+	var stall creditStall
+	defer stall.end(c) // outside mu: the hook may call back into c
 	for n > 0 {
 		c.mu.Lock()
 		c.writeParked = false
@@ -173,6 +179,9 @@ func (c *Conn) postStaged(n int) error {
 			return err
 		}
 		credit := c.fc.Writable() > 0
+		if !credit {
+			stall.noCredit()
+		}
 		if c.sqDepth-(c.sqPosted-c.sqDone) >= 2 && credit {
 			m, err := c.postStagedLocked(n)
 			n -= m
@@ -192,7 +201,7 @@ func (c *Conn) postStaged(n int) error {
 		}
 		c.writeParked = true
 		c.mu.Unlock()
-		if err := c.waitCredit(!credit); err != nil {
+		if err := c.waitWritable(); err != nil {
 			return err
 		}
 	}

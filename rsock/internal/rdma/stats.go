@@ -92,23 +92,25 @@ func (s *connStats) completionFailed(st verbs.WCStatus) {
 	}
 }
 
-// waitCredit is waitWritable for a writer that found no room, counting the wait as a
-// credit stall when the peer had granted no credit (noCredit, read under mu) and the
-// writer has to block: a wake-up already pending (a completion or credit that arrived
-// since the writer looked) is no stall. Only a stalled writer reads the clock.
-func (c *Conn) waitCredit(noCredit bool) error {
-	if !noCredit || StatsOff.Load() {
-		return c.waitWritable()
+// creditStall times one credit stall of a writer: from the first time it finds no room
+// because the peer has granted no credit until the call that found none returns (having
+// posted, or given up), spun and parked alike, counted once. Only a stalled writer reads
+// the clock.
+type creditStall struct{ start time.Time }
+
+// noCredit marks the writer as stalled on credit, if it is not already.
+func (s *creditStall) noCredit() {
+	if s.start.IsZero() && !StatsOff.Load() {
+		s.start = time.Now()
 	}
-	select {
-	case <-c.writable:
-		return nil // the caller looks again, deadline first
-	default:
+}
+
+// end counts the stall on c, if there was one.
+func (s *creditStall) end(c *Conn) {
+	if !s.start.IsZero() {
+		c.stats.stallEnd(s.start)
+		s.start = time.Time{}
 	}
-	start := time.Now()
-	err := c.waitWritable()
-	c.stats.stallEnd(start)
-	return err
 }
 
 // stallEnd counts a credit stall that began at start and tells the hook.
