@@ -22,8 +22,8 @@ type closeCase struct {
 func closeCases() []closeCase {
 	fab := soft.New(soft.Options{})
 	return []closeCase{
-		{TransportTCP, func(t *testing.T) (*Config, *Config) { return configs(t, FallbackTCP) }, 20},
-		{TransportQUIC, func(t *testing.T) (*Config, *Config) { return configs(t, FallbackQUIC) }, 5},
+		{TransportTCP, func(t *testing.T) (*Config, *Config) { return plainConfigs(t, FallbackTCP) }, 20},
+		{TransportQUIC, func(t *testing.T) (*Config, *Config) { return plainConfigs(t, FallbackQUIC) }, 5},
 		{TransportRDMA, func(t *testing.T) (*Config, *Config) { return rdmaConfigs(t, FallbackTCP, fab) }, 5},
 		{TransportRDMATLS, func(t *testing.T) (*Config, *Config) {
 			s, c := configs(t, FallbackQUIC)

@@ -24,8 +24,9 @@ func TestDialerKeepAlive(t *testing.T) {
 		{-1, 9 * time.Second, true, 9},
 	}
 	for _, tt := range tests {
-		// DisableSHM: the connection stays on its TCP bootstrap, whose socket is read.
-		d := &Dialer{Config: &Config{KeepAlive: tt.cfg, DisableSHM: true}, KeepAlive: tt.dialer}
+		// DisableSHM and DisableRDMA: the connection stays on its TCP bootstrap, whose
+		// socket is read.
+		d := &Dialer{Config: &Config{KeepAlive: tt.cfg, DisableSHM: true, DisableRDMA: true}, KeepAlive: tt.dialer}
 		c, s := dialAccept(t, d, ln)
 		raw, err := c.tcp.SyscallConn()
 		require.NoError(t, err)

@@ -39,6 +39,15 @@ func configs(t testing.TB, f Fallback) (server, client *Config) {
 	return server, client
 }
 
+// plainConfigs is configs with RDMA off on both sides: the connection stays on its
+// fallback transport even where a default provider has a device (in the VM, rxe on lo).
+func plainConfigs(t testing.TB, f Fallback) (server, client *Config) {
+	t.Helper()
+	server, client = configs(t, f)
+	server.DisableRDMA, client.DisableRDMA = true, true
+	return server, client
+}
+
 // listen starts a Listener on loopback, closed at the end of the test.
 func listen(t testing.TB, cfg *Config) *Listener {
 	t.Helper()

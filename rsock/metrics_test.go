@@ -65,8 +65,8 @@ func TestMetricsMixedLoad(t *testing.T) {
 
 	// No provider on either side (and no shared memory): the client has none, the
 	// server sees no offer.
-	plainLn := listen(t, &Config{DisableSHM: true})
-	c, s = pipe(t, plainLn, &Config{DisableSHM: true})
+	plainLn := listen(t, &Config{DisableSHM: true, DisableRDMA: true})
+	c, s = pipe(t, plainLn, &Config{DisableSHM: true, DisableRDMA: true})
 	exchangeSizes(t, c, s, 20, 2)
 	keep(c, s)
 
@@ -77,7 +77,7 @@ func TestMetricsMixedLoad(t *testing.T) {
 	keep(c, s)
 
 	// QUIC, no provider.
-	qs, qc := configs(t, FallbackQUIC)
+	qs, qc := plainConfigs(t, FallbackQUIC)
 	quicLn := listen(t, qs)
 	c, s = pipe(t, quicLn, qc)
 	exchangeSizes(t, c, s, 4000, 40)
@@ -183,8 +183,8 @@ func TestCauseIndex(t *testing.T) {
 func TestMetricsDoNotPinConns(t *testing.T) {
 	// On TCP: a dropped connection's socket is the runtime's to close, while a dropped
 	// shm connection's provider goroutines would outlive the test.
-	ln := listen(t, &Config{DisableSHM: true})
-	c, s := pipe(t, ln, &Config{DisableSHM: true})
+	ln := listen(t, &Config{DisableSHM: true, DisableRDMA: true})
+	c, s := pipe(t, ln, &Config{DisableSHM: true, DisableRDMA: true})
 	dropped := weak.Make(c)
 	c = nil
 	for range 10 {

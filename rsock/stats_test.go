@@ -22,8 +22,8 @@ type statsCase struct {
 }
 
 var statsCases = []statsCase{
-	{"tcp", TransportTCP, func(t *testing.T, _ *soft.Fabric) (*Config, *Config) { return configs(t, FallbackTCP) }},
-	{"quic", TransportQUIC, func(t *testing.T, _ *soft.Fabric) (*Config, *Config) { return configs(t, FallbackQUIC) }},
+	{"tcp", TransportTCP, func(t *testing.T, _ *soft.Fabric) (*Config, *Config) { return plainConfigs(t, FallbackTCP) }},
+	{"quic", TransportQUIC, func(t *testing.T, _ *soft.Fabric) (*Config, *Config) { return plainConfigs(t, FallbackQUIC) }},
 	{"rdma", TransportRDMA, func(t *testing.T, fab *soft.Fabric) (*Config, *Config) {
 		return rdmaConfigs(t, FallbackTCP, fab)
 	}},

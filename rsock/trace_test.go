@@ -84,8 +84,8 @@ func TestTracerEvents(t *testing.T) {
 // the end of a stream is not.
 func TestTracerFailed(t *testing.T) {
 	log := &traceLog{failed: make(chan error, 2)}
-	ln := listen(t, &Config{DisableSHM: true})
-	c, s := pipe(t, ln, &Config{Tracer: log.tracer, DisableSHM: true})
+	ln := listen(t, &Config{DisableSHM: true, DisableRDMA: true})
+	c, s := pipe(t, ln, &Config{Tracer: log.tracer, DisableSHM: true, DisableRDMA: true})
 	exchangeSizes(t, c, s, 1, 1)
 	s.tcp.SetLinger(0) // Close resets the connection
 	require.NoError(t, s.Close())
@@ -98,7 +98,7 @@ func TestTracerFailed(t *testing.T) {
 	require.NoError(t, c.Close())
 
 	// A clean end: no failure.
-	c, s = pipe(t, ln, &Config{Tracer: log.tracer})
+	c, s = pipe(t, ln, &Config{Tracer: log.tracer, DisableSHM: true, DisableRDMA: true})
 	require.NoError(t, s.Close())
 	_, err = io.ReadAll(c)
 	require.NoError(t, err)

@@ -87,7 +87,7 @@ func TestConfig(t *testing.T) {
 	})
 	ctls, err := examplecert.ClientConfig(certFile)
 	require.NoError(t, err)
-	c, err := rsock.Dial("tcp", ln.Addr().String(), &rsock.Config{Fallback: rsock.FallbackQUIC, TLSConfig: ctls})
+	c, err := rsock.Dial("tcp", ln.Addr().String(), &rsock.Config{Fallback: rsock.FallbackQUIC, TLSConfig: ctls, DisableRDMA: true})
 	require.NoError(t, err)
 	require.Equal(t, rsock.TransportQUIC, c.Transport())
 	_, err = c.Write([]byte("over quic"))
