@@ -8,14 +8,12 @@ import (
 	"net/http"
 	"testing"
 
-	"go.uber.org/goleak"
-
 	rsockhttp "github.com/rsockio/rsock/http"
 	"github.com/rsockio/rsock/internal/harness"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	harness.VerifyTestMain(m)
 }
 
 // server is an unmodified http.Server serving on a recording rsock Listener.

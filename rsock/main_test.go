@@ -3,8 +3,10 @@ package rsock
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"sync"
 	"testing"
 
@@ -19,7 +21,20 @@ func TestMain(m *testing.M) {
 	if runSHMEchoIfAsked() { // the server process of TestSHMTwoProcesses (shm_test.go)
 		return
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(closingIdleDevices{m})
+}
+
+// closingIdleDevices runs the tests, then closes the devices kept open after their last
+// connection (on rdma-core, each holds a goroutine) before goleak looks.
+type closingIdleDevices struct{ m *testing.M }
+
+func (c closingIdleDevices) Run() int {
+	code := c.m.Run()
+	if err := CloseIdleDevices(); err != nil && code == 0 {
+		fmt.Fprintln(os.Stderr, err)
+		code = 1
+	}
+	return code
 }
 
 // transports lists the fallback transports tests run on.

@@ -17,12 +17,14 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"os"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/rsockio/rsock/internal/testcert"
 	"github.com/rsockio/rsock/rsock"
@@ -407,4 +409,21 @@ func Payload(seed uint64, n int64) io.Reader {
 	var key [32]byte
 	binary.LittleEndian.PutUint64(key[:], seed)
 	return io.LimitReader(rand.NewChaCha8(key), n)
+}
+
+// VerifyTestMain runs a package's tests, as a TestMain does, closes the RDMA devices
+// rsock keeps open after their last connection ([rsock.CloseIdleDevices]), and then
+// fails the tests if a goroutine outlives them.
+func VerifyTestMain(m *testing.M) { goleak.VerifyTestMain(closingIdleDevices{m}) }
+
+// closingIdleDevices runs the tests, then closes idle devices before goleak looks.
+type closingIdleDevices struct{ m *testing.M }
+
+func (c closingIdleDevices) Run() int {
+	code := c.m.Run()
+	if err := rsock.CloseIdleDevices(); err != nil && code == 0 {
+		fmt.Fprintln(os.Stderr, err)
+		code = 1
+	}
+	return code
 }

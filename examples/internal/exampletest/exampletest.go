@@ -22,7 +22,6 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/rsockio/rsock/internal/harness"
 	"github.com/rsockio/rsock/rsock"
@@ -31,8 +30,9 @@ import (
 
 // VerifyTestMain runs a package's tests, as a TestMain does, and then fails them if a
 // goroutine outlives them: the examples' servers and clients must stop everything they
-// start.
-func VerifyTestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// start (harness.VerifyTestMain: the devices rsock keeps open after their last
+// connection are closed first).
+func VerifyTestMain(m *testing.M) { harness.VerifyTestMain(m) }
 
 // Transport is one way an example's two ends connect in a test.
 type Transport struct {

@@ -17,8 +17,9 @@ import (
 //
 // So when its last connection lets go, a device goes idle instead of closing: it keeps
 // its context and one healthy CQ (its poller has no goroutine while no QP is attached),
-// and its event listener pauses, so that an idle device holds no goroutine; the
-// context queues its events meanwhile, and the listener that resumes with the next
+// and its event listener pauses, so that an idle device holds no goroutine of the
+// engine's (rdma-core's context keeps its own reader of async events; CloseIdle, and
+// rsock.CloseIdleDevices, release it); the context queues its events meanwhile, and the listener that resumes with the next
 // connection handles them. The device's listing stays in the cache (deviceAttrs) while
 // it is idle, within attrCacheTTL as always; a port change while it idles is therefore
 // seen by the listener only once the next connection has chosen its port and GID from
