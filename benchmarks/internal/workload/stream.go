@@ -14,6 +14,14 @@ import (
 // finishTimeout bounds how long a workload waits for the server's last answer.
 const finishTimeout = 30 * time.Second
 
+// warmupOps is how many operations of size bytes a workload runs on its connection
+// before it is measured: enough for rsock's ring and staging buffer to grow to their
+// working size (their registrations allocate, once) and for the first Read to take the
+// server's hello answer; a megabyte's worth, at least 16 and at most 256.
+func warmupOps(size int) int {
+	return max(16, min(256, (1<<20)/max(size, 1)))
+}
+
 // runStream writes p.Size-byte buffers on one connection, which the server drains.
 func runStream(ctl Control, env *Env, p Params) (Metrics, error) {
 	if env.Transport.Raw {
@@ -26,6 +34,13 @@ func runStream(ctl Control, env *Env, p Params) (Metrics, error) {
 	defer c.Close()
 	buf := make([]byte, p.Size)
 	var sent uint64
+	for range warmupOps(p.Size) {
+		n, err := c.Write(buf)
+		sent += uint64(n)
+		if err != nil {
+			return Metrics{}, err
+		}
+	}
 	for ctl.Next() {
 		n, err := c.Write(buf)
 		sent += uint64(n)
@@ -92,8 +107,10 @@ func runPingPong(ctl Control, env *Env, p Params) (Metrics, error) {
 		return err
 	}
 	// Warm up: rsock's client reads the server's hello answer in its first Read.
-	if err := roundTrip(); err != nil {
-		return Metrics{}, err
+	for range warmupOps(p.Size) {
+		if err := roundTrip(); err != nil {
+			return Metrics{}, err
+		}
 	}
 	rec := newRecorder()
 	for ctl.Next() {
