@@ -23,6 +23,7 @@ type fakeProvider struct {
 	mu       sync.Mutex
 	devs     []verbs.DeviceAttr
 	fail     map[string]error // by step: "devices", "open", "pd", "mr", "chan", "cq", "qp", "init", "recv"
+	listGate chan struct{}    // when set, Devices waits until it is closed
 	openGate chan struct{}    // when set, Open waits until it is closed
 	listings int              // calls of Devices
 	opens    int              // successful calls of Open
@@ -92,6 +93,12 @@ func (p *fakeProvider) context(i int) *fakeContext {
 func (p *fakeProvider) Name() string { return p.name }
 
 func (p *fakeProvider) Devices() ([]verbs.DeviceAttr, error) {
+	p.mu.Lock()
+	gate := p.listGate
+	p.mu.Unlock()
+	if gate != nil {
+		<-gate
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.listings++
@@ -179,7 +186,7 @@ func (c *fakeContext) CreateCQ(cqe int, ch verbs.CompChannel, vector int) (verbs
 		return nil, err
 	}
 	c.p.count(func(n *fakeCounts) *int { return &n.CQs }, 1)
-	return &fakeIdleCQ{p: c.p}, nil
+	return &fakeIdleCQ{p: c.p, cqe: cqe}, nil
 }
 
 func (c *fakeContext) WaitAsyncEvent(ctx context.Context) (verbs.AsyncEvent, error) {
@@ -223,7 +230,10 @@ func (ch *fakeChannel) Close() error {
 }
 
 // fakeIdleCQ is a CQ in which nothing ever completes.
-type fakeIdleCQ struct{ p *fakeProvider }
+type fakeIdleCQ struct {
+	p   *fakeProvider
+	cqe int // the entries asked for
+}
 
 func (q *fakeIdleCQ) Poll([]verbs.WorkCompletion) (int, error) { return 0, nil }
 func (q *fakeIdleCQ) ReqNotify(bool) error                     { return nil }
@@ -254,7 +264,7 @@ func (pd *fakePD) CreateQP(attr verbs.QPInitAttr) (verbs.QP, error) {
 	defer pd.p.mu.Unlock()
 	pd.p.qpn++
 	pd.p.live.QPs++
-	return &fakeVerbsQP{p: pd.p, qpn: pd.p.qpn}, nil
+	return &fakeVerbsQP{p: pd.p, qpn: pd.p.qpn, attr: attr}, nil
 }
 
 func (pd *fakePD) Close() error {
@@ -279,8 +289,9 @@ func (m *fakeMR) Close() error              { m.p.count(func(n *fakeCounts) *int
 // fakeVerbsQP is a QP that goes through its states and takes every post, delivering
 // nothing.
 type fakeVerbsQP struct {
-	p   *fakeProvider
-	qpn uint32
+	p    *fakeProvider
+	qpn  uint32
+	attr verbs.QPInitAttr // what it was created with
 
 	mu    sync.Mutex
 	state verbs.QPState
