@@ -150,12 +150,11 @@ func TestPortEventsRefreshListing(t *testing.T) {
 }
 
 // fakeConnPair connects an endpoint prepared for ipA to one prepared for ipB, both on
-// provider p, over a pipe for the control channel; neither is started. Close does not
-// wait for the FIN (Linger -1): the fake QPs complete nothing. The test's cleanup closes
+// provider p with opts, over a pipe for the control channel; neither is started. The
+// fake QPs complete nothing: with a Linger of -1, Close does not wait for the FIN. The test's cleanup closes
 // them, and p's idle devices.
-func fakeConnPair(t *testing.T, p *fakeProvider, ipA, ipB netip.Addr) (a, b *Conn) {
+func fakeConnPair(t *testing.T, p *fakeProvider, ipA, ipB netip.Addr, opts Options) (a, b *Conn) {
 	t.Helper()
-	opts := Options{Linger: -1}
 	ea, err := Prepare(p, ipA, opts)
 	require.NoError(t, err)
 	eb, err := Prepare(p, ipB, opts)
@@ -203,7 +202,7 @@ func TestAsyncEventsOnFake(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				p := newFakeProvider(dev)
-				a, b := fakeConnPair(t, p, loopback, second)
+				a, b := fakeConnPair(t, p, loopback, second, Options{Linger: -1})
 				require.Equal(t, uint8(1), a.ep.path.port.Num)
 				require.Equal(t, uint8(2), b.ep.path.port.Num)
 				_, listings, _ := p.counts()
