@@ -192,3 +192,94 @@ func TestCapEffHas(t *testing.T) {
 		require.Equal(t, tt.want, capEffHas(strings.NewReader(tt.status), capIPCLock), "%q", tt.status)
 	}
 }
+
+// pinningFake is the fake provider made to say whether it pins what it registers.
+type pinningFake struct {
+	*fakeProvider
+	pins bool
+}
+
+func (p *pinningFake) PinsMemory() bool { return p.pins }
+
+// TestRegisteredMemoryOnFake prepares endpoints on the fake provider until a limit
+// stops them: Options.MaxRegisteredMemory on any provider, RLIMIT_MEMLOCK only on one
+// that pins and only where the limit binds; a registration failing with the kernel's
+// ENOMEM is reported as ErrMemlock. Abort gives the memory back, so the next Prepare
+// fits again, and at the end nothing is counted as registered or pinned.
+func TestRegisteredMemoryOnFake(t *testing.T) {
+	const ringMR = 16<<10 + mailboxSize
+	const perConn = ringMR + 8<<10
+	page := os.Getpagesize()
+	pinnedPerConn := (ringMR+page-1)/page*page + (8<<10+page-1)/page*page
+	opts := Options{RingSize: 16 << 10, GrowRingTo: -1, SendBufferSize: 8 << 10}
+	enomem := fmt.Errorf("fake: reg mr: %w: %w", verbs.ErrNoResources, syscall.ENOMEM)
+	tests := []struct {
+		name     string
+		pins     bool
+		budget   int64
+		memlock  uint64
+		binds    bool
+		says     bool  // implements PinsMemory, saying pins
+		regErr   error // registrations fail with it after fit endpoints
+		fit      int
+		wantErr  error
+		wantText string
+	}{
+		{name: "budget", budget: 2 * perConn, fit: 2, wantErr: ErrMemoryBudget, wantText: "(MaxRegisteredMemory)"},
+		{name: "memlock", pins: true, memlock: uint64(2 * pinnedPerConn), binds: true, fit: 2,
+			wantErr: ErrMemlock, wantText: "over RLIMIT_MEMLOCK"},
+		{name: "memlock with CAP_IPC_LOCK", pins: true, budget: 3 * perConn, memlock: uint64(pinnedPerConn), fit: 3,
+			wantErr: ErrMemoryBudget, wantText: "over the budget"},
+		{name: "memlock, said not to pin", says: true, budget: 3 * perConn, memlock: uint64(pinnedPerConn), binds: true, fit: 3,
+			wantErr: ErrMemoryBudget, wantText: "over the budget"},
+		{name: "memlock without pinning", budget: 3 * perConn, memlock: uint64(pinnedPerConn), binds: true, fit: 3,
+			wantErr: ErrMemoryBudget, wantText: "over the budget"},
+		{name: "ENOMEM", pins: true, memlock: 64 << 20, binds: true, regErr: enomem, fit: 1,
+			wantErr: syscall.ENOMEM, wantText: "RLIMIT_MEMLOCK 67108864"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			setMemlock(t, tt.memlock, tt.binds)
+			fp := newFakeProvider()
+			var p verbs.Provider = fp
+			if tt.pins || tt.says {
+				p = &pinningFake{fp, tt.pins}
+			}
+			o := opts
+			o.MaxRegisteredMemory = tt.budget
+			_, pinned0 := RegisteredMemory()
+			var eps []*Endpoint
+			for range tt.fit {
+				ep, err := Prepare(p, loopback, o)
+				require.NoError(t, err)
+				eps = append(eps, ep)
+			}
+			dev := eps[0].dev
+			require.EqualValues(t, tt.fit*perConn, registeredOn(eps[0]))
+			fp.failAt("mr", tt.regErr)
+			_, err := Prepare(p, loopback, o)
+			require.ErrorIs(t, err, tt.wantErr)
+			require.ErrorContains(t, err, tt.wantText)
+			if tt.regErr != nil {
+				require.ErrorIs(t, err, ErrMemlock)
+			}
+			require.EqualValues(t, tt.fit*perConn, registeredOn(eps[0]), "a refused endpoint holds nothing")
+			fp.failAt("mr", nil)
+
+			require.NoError(t, eps[0].Abort())
+			eps[0], err = Prepare(p, loopback, o)
+			require.NoError(t, err, "room again after Abort")
+			for _, ep := range eps {
+				require.NoError(t, ep.Abort())
+			}
+			require.NoError(t, CloseIdle(p))
+			requireFakeReleased(t, fp)
+			registered.Lock()
+			_, left := registered.byDevice[dev]
+			registered.Unlock()
+			_, pinned := RegisteredMemory()
+			require.False(t, left, "registrations left on the device")
+			require.Equal(t, pinned0, pinned, "pinned bytes back to the baseline")
+		})
+	}
+}

@@ -75,3 +75,52 @@ func TestPrepareWithinDeviceLimits(t *testing.T) {
 	require.NoError(t, b.Close())
 	requireReleased(t, g)
 }
+
+// TestPrepareWithinDeviceLimitsOnFake: Prepare on fake devices with limits refuses
+// queue depths beyond max_qp_wr with ErrDeviceLimit before it allocates anything, takes
+// depths at the limit, and fits the CQ to max_cqe and inline data to max_inline.
+func TestPrepareWithinDeviceLimitsOnFake(t *testing.T) {
+	limited := func(qpwr, cqe, inline int) verbs.DeviceAttr {
+		d := fakeDevice("fake0", loopback)
+		d.MaxQPWR, d.MaxCQE, d.MaxInline = qpwr, cqe, inline
+		return d
+	}
+	tests := []struct {
+		name       string
+		dev        verbs.DeviceAttr
+		opts       Options
+		wantErr    string
+		wantCQE    int
+		wantInline int
+	}{
+		{name: "queues too deep", dev: limited(32, 0, 0), opts: Options{},
+			wantErr: "send queue depth 64 > max_qp_wr 32, receive queue depth 65 > max_qp_wr 32"},
+		{name: "depths at the limit (the proof WQE included)", dev: limited(32, 0, 0),
+			opts: Options{SendWQEs: 32, RecvWQEs: 31}, wantCQE: DefaultCQSize},
+		{name: "CQ and inline fitted", dev: limited(0, 1024, 64), opts: Options{CQSize: 1 << 20},
+			wantCQE: 1024, wantInline: 64},
+		{name: "inline bounded by the engine", dev: limited(0, 0, 4096), opts: Options{},
+			wantCQE: DefaultCQSize, wantInline: maxInline},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newFakeProvider(tt.dev)
+			ep, err := Prepare(p, loopback, tt.opts)
+			if tt.wantErr != "" {
+				require.ErrorIs(t, err, ErrDeviceLimit)
+				require.ErrorContains(t, err, tt.wantErr)
+				live, _, _ := p.counts()
+				require.Zero(t, live.PDs+live.MRs+live.QPs+live.CQs, "allocated before the refusal: %+v", live)
+				requireFakeReleased(t, p)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tt.wantCQE, ep.poller.capacity, "CQ entries")
+			require.Equal(t, tt.wantCQE, ep.poller.qpCQ.(*fakeIdleCQ).cqe, "CQ entries asked of the device")
+			require.Equal(t, tt.wantInline, ep.inline, "inline size")
+			require.Equal(t, tt.wantInline, ep.qp.(*fakeVerbsQP).attr.Caps.MaxInlineData, "inline size of the QP")
+			require.NoError(t, ep.Abort())
+			requireFakeReleased(t, p)
+		})
+	}
+}

@@ -2,13 +2,18 @@ package rdma
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"net"
+	"os"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/rsockio/rsock/flowctl"
+	"github.com/rsockio/rsock/verbs"
 	"github.com/rsockio/rsock/verbs/soft"
 )
 
@@ -148,4 +153,184 @@ func TestCloseReportsUndelivered(t *testing.T) {
 	require.ErrorContains(t, err, "never acknowledged by the peer")
 	b.Close()
 	requireReleased(t, f)
+}
+
+// TestCloseWithFakeQP drives Close on a Conn over a fake QP, in a synctest bubble (the
+// linger timer runs on the bubble's clock): it posts a FIN after the data, signaled,
+// and returns once that FIN completes; it gives up after the linger time, or at once
+// with a negative one; it reports a failure that left work requests unacknowledged,
+// and not one after everything was; a peer that is gone is not waited for. Every way,
+// the QP goes to ERROR, the control channel closes, the endpoint is released, and a
+// second Close, like every other method, reports net.ErrClosed.
+func TestCloseWithFakeQP(t *testing.T) {
+	boom := errors.New("boom")
+	tests := []struct {
+		name      string
+		linger    time.Duration
+		before    func(t *testing.T, c *Conn) // after a Write of "data", before Close
+		ackFIN    bool                        // complete the FIN while Close waits
+		wantKinds []flowctl.Kind              // posted by the end
+		wantErr   error
+		wantText  string
+		wantToErr int // QP moves to ERROR: teardown's, and a failure's
+	}{
+		{name: "FIN acknowledged", linger: time.Minute, ackFIN: true,
+			wantKinds: []flowctl.Kind{flowctl.KindData, flowctl.KindFIN}, wantToErr: 1},
+		{name: "linger time passes", linger: 20 * time.Millisecond,
+			wantKinds: []flowctl.Kind{flowctl.KindData, flowctl.KindFIN}, wantErr: ErrLingerTimeout,
+			wantText: "within the linger time of 20ms", wantToErr: 1},
+		{name: "negative linger", linger: -1,
+			wantKinds: []flowctl.Kind{flowctl.KindData, flowctl.KindFIN}, wantToErr: 1},
+		{name: "failed with a write unacknowledged", linger: time.Minute,
+			before: func(t *testing.T, c *Conn) {
+				c.mu.Lock()
+				c.failLocked(qpError("completion", boom))
+				c.mu.Unlock()
+			},
+			wantKinds: []flowctl.Kind{flowctl.KindData}, wantErr: boom,
+			wantText: "1 work requests (writes or the FIN) never acknowledged", wantToErr: 2},
+		{name: "failed after every write was acknowledged", linger: time.Minute,
+			before: func(t *testing.T, c *Conn) {
+				c.onSendDone(0) // the data WR, completed
+				c.mu.Lock()
+				c.failLocked(qpError("completion", boom))
+				c.mu.Unlock()
+			},
+			wantKinds: []flowctl.Kind{flowctl.KindData}, wantToErr: 2},
+		{name: "peer gone", linger: time.Minute,
+			before:    func(t *testing.T, c *Conn) { c.controlLost(io.EOF) },
+			wantKinds: []flowctl.Kind{flowctl.KindData, flowctl.KindFIN}, wantToErr: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				q := &fakeQP{}
+				c := closableFakeConn(t, q, tt.linger)
+				_, err := c.Write([]byte("data"))
+				require.NoError(t, err)
+				if tt.before != nil {
+					tt.before(t, c)
+				}
+				done := make(chan error, 1)
+				go func() { done <- c.Close() }()
+				synctest.Wait() // Close is waiting for the FIN, or has returned
+				if tt.ackFIN {
+					wrs := q.posted()
+					fin := wrs[len(wrs)-1]
+					require.NotZero(t, fin.Flags&verbs.SendSignaled, "the FIN is signaled, so Close can wait for it")
+					c.onCompletion(sendDone(fin.ID))
+				}
+				err = <-done
+				if tt.wantErr == nil {
+					require.NoError(t, err)
+				} else {
+					require.ErrorIs(t, err, tt.wantErr)
+					require.ErrorContains(t, err, tt.wantText)
+				}
+				require.Equal(t, tt.wantKinds, postedKinds(t, q), "posted")
+				require.Equal(t, tt.wantToErr, q.toErrors(), "QP moves to ERROR")
+				require.True(t, released(c), "the endpoint was not released")
+				_, err = c.ctrl.Write([]byte{'K'})
+				require.ErrorIs(t, err, io.ErrClosedPipe, "the control channel is open")
+
+				require.ErrorIs(t, c.Close(), net.ErrClosed, "second Close")
+				require.ErrorIs(t, c.CloseWrite(), net.ErrClosed, "CloseWrite after Close")
+				require.ErrorIs(t, c.SetDeadline(time.Time{}), net.ErrClosed, "SetDeadline after Close")
+				_, err = c.Read(make([]byte, 1))
+				require.ErrorIs(t, err, net.ErrClosed, "Read after Close")
+				_, err = c.Write([]byte("x"))
+				require.ErrorIs(t, err, net.ErrClosed, "Write after Close")
+				require.Equal(t, tt.wantToErr, q.toErrors(), "QP moves to ERROR after the second Close")
+			})
+		})
+	}
+}
+
+// TestCloseWakesWaiters: a Read with nothing to read and a Write with the send queue
+// full, both parked, return net.ErrClosed when Close is called.
+func TestCloseWakesWaiters(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := &fakeQP{}
+		c := closableFakeConn(t, q, -1)
+		for range fakeSQDepth - 1 { // a data post may take two WRs: depth-1 fill the queue
+			_, err := c.Write([]byte("x"))
+			require.NoError(t, err)
+		}
+		readErr, writeErr := make(chan error, 1), make(chan error, 1)
+		go func() {
+			_, err := c.Read(make([]byte, 8))
+			readErr <- err
+		}()
+		go func() {
+			_, err := c.Write([]byte("y"))
+			writeErr <- err
+		}()
+		synctest.Wait()
+		select {
+		case err := <-readErr:
+			t.Fatalf("Read returned %v before Close", err)
+		case err := <-writeErr:
+			t.Fatalf("Write returned %v before Close", err)
+		default:
+		}
+		require.NoError(t, c.Close())
+		require.ErrorIs(t, <-readErr, net.ErrClosed)
+		require.ErrorIs(t, <-writeErr, net.ErrClosed)
+	})
+}
+
+// TestCloseWriteWithFakeQP: CloseWrite posts one signaled FIN after the data, however
+// often it is called; later Writes fail, and Reads go on until the peer's FIN.
+func TestCloseWriteWithFakeQP(t *testing.T) {
+	q := &fakeQP{}
+	c := newFakeConn(t, q)
+	_, err := c.Write([]byte("data"))
+	require.NoError(t, err)
+	require.NoError(t, c.CloseWrite())
+	require.NoError(t, c.CloseWrite())
+	require.Equal(t, []flowctl.Kind{flowctl.KindData, flowctl.KindFIN}, postedKinds(t, q))
+	wrs := q.posted()
+	require.NotZero(t, wrs[1].Flags&verbs.SendSignaled, "the FIN is signaled")
+	_, err = c.Write([]byte("more"))
+	require.ErrorIs(t, err, os.ErrClosed, "Write after CloseWrite")
+
+	arrive(t, c, 0, flowctl.KindData, 0, "reply")
+	arrive(t, c, 1, flowctl.KindFIN, 0, "")
+	got, err := io.ReadAll(c)
+	require.NoError(t, err)
+	require.Equal(t, "reply", string(got))
+}
+
+// TestCloseDuringWriteToWithFakeQP: Close returns while a WriteTo is handing ring memory
+// to its writer, and leaves the endpoint to it: the WriteTo releases it when it ends.
+func TestCloseDuringWriteToWithFakeQP(t *testing.T) {
+	q := &fakeQP{}
+	c := closableFakeConn(t, q, -1)
+	arrive(t, c, 0, flowctl.KindData, 0, "ring bytes")
+	w := &blockingWriter{got: make(chan []byte), next: make(chan struct{})}
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.WriteTo(w)
+		done <- err
+	}()
+	held := <-w.got
+	require.Equal(t, "ring bytes", string(held))
+	require.NoError(t, c.Close())
+	require.False(t, released(c), "the endpoint was released under WriteTo")
+	close(w.next)
+	require.ErrorIs(t, <-done, net.ErrClosed)
+	require.True(t, released(c), "WriteTo ended without releasing the endpoint")
+}
+
+// TestAbandonWithFakeQP: Abandon tears down without a FIN and leaves the control
+// channel open (it is the caller's); a Close after it reports net.ErrClosed.
+func TestAbandonWithFakeQP(t *testing.T) {
+	q := &fakeQP{}
+	c := closableFakeConn(t, q, time.Minute)
+	require.NoError(t, c.Abandon())
+	require.Empty(t, q.posted(), "Abandon posted")
+	require.Equal(t, 1, q.toErrors())
+	require.True(t, released(c))
+	require.NoError(t, c.ctrl.SetDeadline(time.Time{}), "the control channel was closed")
+	require.ErrorIs(t, c.Close(), net.ErrClosed)
 }

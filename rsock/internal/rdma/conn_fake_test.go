@@ -4,6 +4,7 @@ import (
 	"net"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -123,4 +124,54 @@ func connErr(c *Conn) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.err
+}
+
+// closableFakeConn is newFakeConn with an Endpoint that holds only a poller (no device,
+// QP or memory): Close and Abandon then run their drain and teardown against the fake,
+// and the endpoint's release frees nothing but the poller reservation. linger is the
+// Conn's Options.Linger.
+func closableFakeConn(t *testing.T, q *fakeQP, linger time.Duration) *Conn {
+	t.Helper()
+	c := newFakeConn(t, q)
+	c.ep = &Endpoint{poller: newFakePoller(newFakeCQ(), 64, 0)}
+	c.linger = linger
+	return c
+}
+
+// released reports whether c's endpoint has been released (release drops the poller).
+func released(c *Conn) bool { return c.ep.poller == nil }
+
+// toErrors returns how often the QP was moved to ERROR.
+func (q *fakeQP) toErrors() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.toError
+}
+
+// reposted returns a copy of the receive WRs posted so far.
+func (q *fakeQP) reposted() []verbs.RecvWR {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return append([]verbs.RecvWR(nil), q.recvs...)
+}
+
+// postedKinds returns the message kind of each send WR posted so far.
+func postedKinds(t *testing.T, q *fakeQP) []flowctl.Kind {
+	t.Helper()
+	var kinds []flowctl.Kind
+	for _, wr := range q.posted() {
+		var n uint32
+		if len(wr.SGL) > 0 {
+			n = wr.SGL[0].Length
+		}
+		m, err := flowctl.DecodeImm(wr.Imm, n)
+		require.NoError(t, err)
+		kinds = append(kinds, m.Kind)
+	}
+	return kinds
+}
+
+// sendDone is the successful completion of the signaled send WR id.
+func sendDone(id uint64) *verbs.WorkCompletion {
+	return &verbs.WorkCompletion{WRID: id, Status: verbs.WCSuccess, Opcode: verbs.WCRDMAWrite}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rsockio/rsock/flowctl"
+	"github.com/rsockio/rsock/verbs"
 	"github.com/rsockio/rsock/verbs/soft"
 )
 
@@ -265,5 +266,188 @@ func TestReadEndSpillsOnlyForBlockedPeer(t *testing.T) {
 			}
 			require.Equal(t, tc.wantCredit, credit, "a credit update posted after %d bytes arrived and %d read", tc.arrive, tc.read)
 		})
+	}
+}
+
+// fed is one completion a receive-path test hands a fake Conn.
+type fed struct {
+	kind   flowctl.Kind
+	data   string
+	status verbs.WCStatus // a failed completion when not WCSuccess
+	gen    uint64         // a generation other than the Conn's: a stale completion
+}
+
+// feed hands c the completions of fs on consecutive receive WQEs from 0, writing each
+// data message where flowctl expects it in the ring (the test's arrivals never wrap).
+func feed(t *testing.T, c *Conn, fs []fed) {
+	t.Helper()
+	off := 0
+	for i, f := range fs {
+		wqe := uint64(i)
+		if f.status == verbs.WCSuccess && f.gen == 0 {
+			arrive(t, c, wqe, f.kind, off, f.data)
+			off += len(f.data)
+			continue
+		}
+		gen := c.gen
+		if f.gen != 0 {
+			gen = f.gen
+		}
+		var imm uint32 // an error completion's is undefined
+		if f.kind != 0 {
+			var err error
+			imm, err = flowctl.Imm{Kind: f.kind}.Encode()
+			require.NoError(t, err)
+		}
+		c.onCompletion(&verbs.WorkCompletion{WRID: recvWRFlag | gen | wqe, Status: f.status,
+			Opcode: verbs.WCRecvRDMAWithImm, Flags: verbs.WCWithImm, Imm: imm, ByteLen: uint32(len(f.data))})
+	}
+}
+
+// TestRecvCompletions feeds a fake Conn sequences of receive completions and reads:
+// the bytes come out in order, and buffered bytes are read before the end of the
+// stream or its failure; every successful receive completion re-posts its WQE (a failed
+// one does not: the QP is going down); a stale one is dropped without a trace.
+func TestRecvCompletions(t *testing.T) {
+	tests := []struct {
+		name         string
+		feed         []fed
+		want         string   // bytes read before the error
+		wantErr      error    // what Read returns then; nil: it would wait
+		wantConnErr  error    // the Conn's sticky error
+		wantReposted []uint64 // WQE indices, in order
+		wantStale    uint64
+	}{
+		{name: "bytes then FIN",
+			feed: []fed{{kind: flowctl.KindData, data: "hello, "}, {kind: flowctl.KindData, data: "ring"}, {kind: flowctl.KindFIN}},
+			want: "hello, ring", wantErr: io.EOF, wantReposted: []uint64{0, 1, 2}},
+		{name: "bytes survive a flush",
+			feed: []fed{{kind: flowctl.KindData, data: "kept"}, {status: verbs.WCWRFlushErr}},
+			want: "kept", wantErr: ErrQPFailed, wantConnErr: ErrQPFailed, wantReposted: []uint64{0}},
+		{name: "bytes survive a remote error",
+			feed: []fed{{kind: flowctl.KindData, data: "kept"}, {status: verbs.WCRemAccessErr}},
+			want: "kept", wantErr: ErrQPFailed, wantConnErr: ErrQPFailed, wantReposted: []uint64{0}},
+		{name: "keepalives carry no bytes",
+			feed: []fed{{kind: flowctl.KindKeepalive}, {kind: flowctl.KindData, data: "x"}, {kind: flowctl.KindKeepalive}},
+			want: "x", wantReposted: []uint64{0, 1, 2}},
+		{name: "stale completions dropped",
+			feed: []fed{{kind: flowctl.KindData, data: "old", gen: 7 << genShift}, {kind: flowctl.KindData, data: "new"},
+				{status: verbs.WCWRFlushErr, gen: 7 << genShift}},
+			want: "new", wantReposted: []uint64{1}, wantStale: 2},
+		{name: "data after the FIN",
+			// The stream the peer ended is whole: Read reports its end; the Conn failed.
+			feed: []fed{{kind: flowctl.KindData, data: "all"}, {kind: flowctl.KindFIN}, {kind: flowctl.KindData, data: "more"}},
+			want: "all", wantErr: io.EOF, wantConnErr: ErrProtocol, wantReposted: []uint64{0, 1, 2}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			q := &fakeQP{}
+			c := newFakeConn(t, q)
+			feed(t, c, tt.feed)
+			var reposted []uint64
+			for _, wr := range q.reposted() {
+				reposted = append(reposted, wr.ID&^recvWRFlag)
+			}
+			require.Equal(t, tt.wantReposted, reposted, "receive WQEs re-posted")
+			require.Equal(t, tt.wantStale, c.stale.Load(), "stale completions")
+			if tt.wantConnErr == nil {
+				require.NoError(t, connErr(c))
+			} else {
+				require.ErrorIs(t, connErr(c), tt.wantConnErr)
+			}
+			buf := make([]byte, 64)
+			n, err := c.Read(buf)
+			require.NoError(t, err)
+			require.Equal(t, tt.want, string(buf[:n]))
+			if tt.wantErr != nil {
+				_, err = c.Read(buf)
+				require.ErrorIs(t, err, tt.wantErr, "Read after %q", tt.want)
+			}
+		})
+	}
+}
+
+// TestRecvReturnsCredit: the receive path gives credit back as flowctl's thresholds
+// say: a standalone update once half the receive WQEs were consumed (each re-posted),
+// and once half the ring was read or, with nobody reading, spilled; not for less.
+func TestRecvReturnsCredit(t *testing.T) {
+	keepalives := func(n int) []fed {
+		fs := make([]fed, n)
+		for i := range fs {
+			fs[i].kind = flowctl.KindKeepalive
+		}
+		return fs
+	}
+	data := func(n int) []fed { return []fed{{kind: flowctl.KindData, data: string(make([]byte, n))}} }
+	tests := []struct {
+		name        string
+		feed        []fed
+		reading     bool // a Read is in progress during the feed: nothing spills
+		read        bool // then read everything
+		wantWQE     uint32
+		wantRing    bool
+		wantSpilled bool
+	}{
+		{name: "one WQE short of half", feed: keepalives(fakeWQEs/2 - 1)},
+		{name: "half the WQEs", feed: keepalives(fakeWQEs / 2), wantWQE: fakeWQEs / 2},
+		{name: "a quarter of the ring read", feed: data(fakeRing / 4), read: true},
+		{name: "half the ring, nobody reads", feed: data(fakeRing / 2), wantWQE: 1, wantRing: true, wantSpilled: true},
+		{name: "half the ring during a Read, unread", feed: data(fakeRing / 2), reading: true},
+		{name: "half the ring during a Read, read", feed: data(fakeRing / 2), reading: true, read: true,
+			wantWQE: 1, wantRing: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			q := &fakeQP{}
+			c := newFakeConn(t, q)
+			c.reading = tt.reading
+			feed(t, c, tt.feed)
+			if tt.read {
+				_, err := c.Read(make([]byte, fakeRing))
+				require.NoError(t, err)
+			}
+			var wqe uint32
+			ring := false
+			for _, wr := range q.posted() {
+				m, err := flowctl.DecodeImm(wr.Imm, 0)
+				require.NoError(t, err)
+				require.Equal(t, flowctl.KindCredit, m.Kind, "only credit updates are posted")
+				wqe += m.WQECredits
+				ring = ring || m.RingCredits > 0
+			}
+			require.Equal(t, tt.wantWQE, wqe, "WQE credit returned after %d arrivals", len(tt.feed))
+			require.Equal(t, tt.wantRing, ring, "ring credit returned")
+			require.Equal(t, tt.wantSpilled, spilledBytes(c) > 0, "spilled")
+			require.Len(t, q.reposted(), len(tt.feed), "receive WQEs re-posted")
+		})
+	}
+}
+
+// TestReadAcrossRingEnd: bytes that wrap around the end of the ring come out of one
+// Read in order, and out of WriteTo.
+func TestReadAcrossRingEnd(t *testing.T) {
+	for _, useWriteTo := range []bool{false, true} {
+		q := &fakeQP{}
+		c := newFakeConn(t, q)
+		const head = fakeRing - 8
+		arrive(t, c, 0, flowctl.KindData, 0, string(make([]byte, head)))
+		n, err := io.ReadFull(c, make([]byte, head))
+		require.NoError(t, err)
+		require.Equal(t, head, n)
+		arrive(t, c, 1, flowctl.KindData, head, "01234567")
+		arrive(t, c, 2, flowctl.KindData, 0, "89abcdef")
+		var got []byte
+		if useWriteTo {
+			arrive(t, c, 3, flowctl.KindFIN, 0, "")
+			var b bytes.Buffer
+			_, err = c.WriteTo(&b)
+			got = b.Bytes()
+		} else {
+			buf := make([]byte, 32)
+			n, err = c.Read(buf)
+			got = buf[:n]
+		}
+		require.NoError(t, err)
+		require.Equal(t, "0123456789abcdef", string(got), "WriteTo %v", useWriteTo)
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/rsockio/rsock/flowctl"
 	"github.com/rsockio/rsock/verbs"
 	"github.com/rsockio/rsock/verbs/auto"
 	"github.com/rsockio/rsock/verbs/soft"
@@ -300,4 +301,117 @@ func TestFixedRingMeetsGrowingRing(t *testing.T) {
 	require.NoError(t, fixed.Close())
 	require.NoError(t, growing.Close())
 	requireReleased(t, f)
+}
+
+// resizingConn returns a Conn, prepared and connected on the fake provider, whose ring
+// starts at 16 KiB and may grow to 64 KiB, with a recording fake QP in place of the
+// provider's: the test plays the peer, handing it completions.
+func resizingConn(t *testing.T) (*Conn, *fakeQP) {
+	t.Helper()
+	p := newFakeProvider()
+	a, _ := fakeConnPair(t, p, loopback, loopback, Options{RingSize: 16 << 10, GrowRingTo: 64 << 10, Linger: -1})
+	q := &fakeQP{qpn: a.qp.QPN()}
+	a.qp = q
+	return a, q
+}
+
+// arriveImm hands c the receive completion of a message with immediate m and byteLen
+// bytes, on receive WQE wqe.
+func arriveImm(t *testing.T, c *Conn, wqe uint64, m flowctl.Imm, byteLen int) {
+	t.Helper()
+	imm, err := m.Encode()
+	require.NoError(t, err)
+	c.onCompletion(&verbs.WorkCompletion{WRID: recvWRFlag | c.gen | wqe, Status: verbs.WCSuccess,
+		Opcode: verbs.WCRecvRDMAWithImm, Flags: verbs.WCWithImm, Imm: imm, ByteLen: uint32(byteLen)})
+}
+
+// TestRingGrowsOnFake: arrivals that leave three quarters of the ring held grow it: a
+// 64 KiB ring is registered and announced in a resize, which carries its description
+// from behind it into the mailbox behind the peer's ring; at the peer's switch, data
+// lands in the new ring, while the old one's bytes are read first, and the old ring is
+// freed once they are.
+func TestRingGrowsOnFake(t *testing.T) {
+	const grown = 64 << 10
+	c, q := resizingConn(t)
+	c.mu.Lock()
+	c.reading = true // a Read in progress: nothing spills, the peer holds what arrives
+	c.mu.Unlock()
+	chunk := streamBytes(11, 4<<10)
+	for i := range 3 {
+		copy(c.ring[i*len(chunk):], chunk)
+		arriveImm(t, c, uint64(i), flowctl.Imm{Kind: flowctl.KindData}, len(chunk))
+	}
+	wrs := q.posted()
+	require.Len(t, wrs, 1, "one resize")
+	rs := wrs[0]
+	m, err := flowctl.DecodeImm(rs.Imm, rs.SGL[0].Length)
+	require.NoError(t, err)
+	require.Equal(t, flowctl.KindResize, m.Kind)
+	require.Equal(t, uint8(16), m.RingLog2, "a ring of 64 KiB announced")
+	require.Equal(t, c.peerRingAddr+uint64(c.fc.PeerRingSize())+mailboxIn, rs.RemoteAddr, "into the peer's mailbox")
+	next := c.ep.nextRing
+	require.NotNil(t, next)
+	require.Len(t, next.Bytes(), grown+mailboxSize)
+	require.Equal(t, next.Addr()+grown+mailboxOut, rs.SGL[0].Addr, "from behind the new ring")
+	require.Equal(t, uint32(flowctl.ResizeLen), rs.SGL[0].Length)
+	addr, rkey, size := parseRingDesc(next.Bytes()[grown+mailboxOut:])
+	require.Equal(t, next.Addr(), addr)
+	require.Equal(t, next.RKey(), rkey)
+	require.Equal(t, uint32(grown), size)
+
+	old := c.ep.ring
+	arriveImm(t, c, 3, flowctl.Imm{Kind: flowctl.KindSwitch}, 0)
+	require.Same(t, next, c.ep.ring, "the new ring is current after the peer's switch")
+	require.Same(t, old, c.ep.oldRing, "the old ring is kept while it holds bytes")
+	copy(next.Bytes(), "new")
+	arriveImm(t, c, 4, flowctl.Imm{Kind: flowctl.KindData}, 3)
+	c.consume(0, 0, true) // the Read in progress ends
+
+	got := make([]byte, 0, 3*len(chunk)+3)
+	buf := make([]byte, 8<<10)
+	for len(got) < cap(got) {
+		n, err := c.Read(buf)
+		require.NoError(t, err)
+		got = append(got, buf[:n]...)
+	}
+	want := append(bytes.Repeat(chunk, 3), "new"...)
+	require.True(t, bytes.Equal(want, got), "read %d bytes across the switch, want %d", len(got), len(want))
+	require.Nil(t, c.ep.oldRing, "the old ring outlived its bytes")
+	require.Equal(t, ringState{size: grown, switches: 1}, ringOf(c))
+	require.NoError(t, connErr(c))
+}
+
+// TestPeerRingResizeOnFake: a resize from the peer is read out of the mailbox behind our
+// ring; our switch follows it, and our data goes to the peer's new ring from then on. A
+// resize whose description names another size than its immediate is a protocol error.
+func TestPeerRingResizeOnFake(t *testing.T) {
+	tests := []struct {
+		name     string
+		descSize uint32
+		wantErr  error
+	}{
+		{"as announced", 64 << 10, nil},
+		{"size differs", 32 << 10, ErrProtocol},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, q := resizingConn(t)
+			const newAddr, newKey = 0xabc0000, 9
+			putRingDesc(c.ep.ring.Bytes()[c.fc.RingSize()+mailboxIn:], newAddr, newKey, tt.descSize)
+			arriveImm(t, c, 0, flowctl.Imm{Kind: flowctl.KindResize, RingLog2: 16}, flowctl.ResizeLen)
+			if tt.wantErr != nil {
+				require.ErrorIs(t, connErr(c), tt.wantErr)
+				require.ErrorContains(t, connErr(c), "resize to 65536 bytes describes a ring of 32768")
+				return
+			}
+			require.NoError(t, connErr(c))
+			require.Equal(t, []flowctl.Kind{flowctl.KindSwitch}, postedKinds(t, q), "our switch")
+			_, err := c.Write([]byte("to the new ring"))
+			require.NoError(t, err)
+			wrs := q.posted()
+			data := wrs[len(wrs)-1]
+			require.Equal(t, uint64(newAddr), data.RemoteAddr, "data after the switch lands at the new ring's start")
+			require.Equal(t, uint32(newKey), data.RKey)
+		})
+	}
 }

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 	"golang.org/x/net/nettest"
 
+	"github.com/rsockio/rsock/flowctl"
 	"github.com/rsockio/rsock/verbs"
 	"github.com/rsockio/rsock/verbs/soft"
 )
@@ -243,4 +244,121 @@ func TestKeepalive(t *testing.T) {
 		b.Close()
 		requireReleased(t, f)
 	})
+}
+
+// TestDeadlinesOnFake moves the deadline of a Read with nothing to read, and of a Write
+// with the send queue full, on a fake Conn in a synctest bubble: the call returns
+// os.ErrDeadlineExceeded when the deadline in force passes, not at one moved away
+// before it passed, and never after the deadline is cleared; a deadline already past
+// fails the call at once; clearing a deadline that passed lets the next call wait.
+func TestDeadlinesOnFake(t *testing.T) {
+	type set struct {
+		at, to time.Duration // at this moment, set the deadline to start+to; to 0 clears it
+	}
+	tests := []struct {
+		name   string
+		sets   []set
+		wantAt time.Duration // when the call returns; -1: never
+	}{
+		{name: "in a second", sets: []set{{0, time.Second}}, wantAt: time.Second},
+		{name: "moved later", sets: []set{{0, time.Second}, {time.Second / 2, 3 * time.Second}}, wantAt: 3 * time.Second},
+		{name: "moved earlier", sets: []set{{0, 3 * time.Second}, {time.Second, 2 * time.Second}}, wantAt: 2 * time.Second},
+		{name: "moved into the past", sets: []set{{0, 3 * time.Second}, {time.Second, time.Second / 2}}, wantAt: time.Second},
+		{name: "cleared", sets: []set{{0, time.Second}, {time.Second / 2, 0}}, wantAt: -1},
+		{name: "already past", sets: []set{{0, -time.Second}}, wantAt: 0},
+	}
+	calls := []struct {
+		name    string
+		setDL   func(c *Conn, t time.Time) error
+		prepare func(t *testing.T, c *Conn)
+		call    func(c *Conn) error
+		unblock func(t *testing.T, c *Conn, q *fakeQP)
+	}{
+		{
+			name:  "Read",
+			setDL: (*Conn).SetReadDeadline,
+			call: func(c *Conn) error {
+				_, err := c.Read(make([]byte, 8))
+				return err
+			},
+			unblock: func(t *testing.T, c *Conn, q *fakeQP) { arrive(t, c, 0, flowctl.KindData, 0, "x") },
+		},
+		{
+			name:  "Write",
+			setDL: (*Conn).SetWriteDeadline,
+			prepare: func(t *testing.T, c *Conn) {
+				for range fakeSQDepth - 1 { // a data post may take two WRs: depth-1 fill the queue
+					_, err := c.Write([]byte("x"))
+					require.NoError(t, err)
+				}
+			},
+			call: func(c *Conn) error {
+				_, err := c.Write([]byte("y"))
+				return err
+			},
+			unblock: func(t *testing.T, c *Conn, q *fakeQP) {
+				wrs := q.posted()
+				var last uint64
+				for _, wr := range wrs {
+					if wr.Flags&verbs.SendSignaled != 0 {
+						last = wr.ID
+					}
+				}
+				c.onCompletion(sendDone(last))
+			},
+		},
+	}
+	for _, call := range calls {
+		for _, tt := range tests {
+			t.Run(call.name+"/"+tt.name, func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					q := &fakeQP{}
+					c := newFakeConn(t, q)
+					if call.prepare != nil {
+						call.prepare(t, c)
+					}
+					start := time.Now()
+					at := func(d time.Duration) { time.Sleep(time.Until(start.Add(d))) }
+					require.NoError(t, call.setDL(c, start.Add(tt.sets[0].to)))
+					done := make(chan error, 1)
+					go func() { done <- call.call(c) }()
+					returned := func() bool {
+						synctest.Wait()
+						return len(done) > 0
+					}
+					for _, s := range tt.sets[1:] {
+						at(s.at)
+						require.False(t, returned(), "returned before the deadline was set at %v", s.at)
+						dl := time.Time{}
+						if s.to != 0 {
+							dl = start.Add(s.to)
+						}
+						require.NoError(t, call.setDL(c, dl))
+					}
+					if tt.wantAt < 0 {
+						at(time.Hour)
+						require.False(t, returned(), "returned with no deadline")
+						call.unblock(t, c, q)
+						require.NoError(t, <-done)
+						return
+					}
+					if time.Since(start) < tt.wantAt {
+						at(tt.wantAt - time.Nanosecond)
+						require.False(t, returned(), "returned before %v", tt.wantAt)
+						at(tt.wantAt)
+					}
+					require.True(t, returned(), "still waiting at %v", tt.wantAt)
+					require.ErrorIs(t, <-done, os.ErrDeadlineExceeded)
+
+					// Cleared after it passed: the next call waits again.
+					require.NoError(t, call.setDL(c, time.Time{}))
+					go func() { done <- call.call(c) }()
+					at(time.Hour)
+					require.False(t, returned(), "returned after the passed deadline was cleared")
+					call.unblock(t, c, q)
+					require.NoError(t, <-done)
+				})
+			})
+		}
+	}
 }

@@ -374,3 +374,130 @@ func TestPrepareHonoursContext(t *testing.T) {
 		})
 	}
 }
+
+// TestSelectDeviceOnFake: Prepare uses the device and port that serve the local
+// address, among several, and opens nothing when none does.
+func TestSelectDeviceOnFake(t *testing.T) {
+	other := netip.MustParseAddr("192.0.2.1")
+	down := fakeDevice("down0", loopback)
+	down.Ports[0].State = verbs.PortDown
+	tests := []struct {
+		name     string
+		devs     []verbs.DeviceAttr
+		ip       netip.Addr
+		wantDev  string
+		wantText string // in the error, when no device serves ip
+	}{
+		{name: "the one device", devs: []verbs.DeviceAttr{fakeDevice("fake0", loopback)}, ip: loopback, wantDev: "fake0"},
+		{name: "the second of two", devs: []verbs.DeviceAttr{fakeDevice("fake0", other), fakeDevice("fake1", loopback)},
+			ip: loopback, wantDev: "fake1"},
+		{name: "the first of two", devs: []verbs.DeviceAttr{fakeDevice("fake0", other), fakeDevice("fake1", loopback)},
+			ip: other, wantDev: "fake0"},
+		{name: "an address nobody serves", devs: []verbs.DeviceAttr{fakeDevice("fake0", other)}, ip: loopback,
+			wantText: "127.0.0.1"},
+		{name: "the port is down", devs: []verbs.DeviceAttr{down}, ip: loopback, wantText: "down0 port 1 holds it but is"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newFakeProvider(tt.devs...)
+			ep, err := Prepare(p, tt.ip, Options{})
+			if tt.wantText != "" {
+				require.ErrorContains(t, err, tt.wantText)
+				_, _, opens := p.counts()
+				require.Zero(t, opens, "devices opened")
+				requireFakeReleased(t, p)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tt.wantDev, ep.dev.attr.Name)
+			require.Equal(t, tt.wantDev, p.context(0).attr.Name, "the device opened")
+			require.Equal(t, verbs.GIDFromAddr(tt.ip), ep.Offer().GID)
+			require.NoError(t, ep.Abort())
+			requireFakeReleased(t, p)
+		})
+	}
+}
+
+// TestAcquireDeviceSharedOnFake: endpoints prepared at once, while the devices are
+// being listed and then opened, share one listing and one opening; each holds a reference, and the device
+// outlives all but the last.
+func TestAcquireDeviceSharedOnFake(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := newFakeProvider()
+		listGate, openGate := make(chan struct{}), make(chan struct{})
+		p.listGate, p.openGate = listGate, openGate
+		const n = 3
+		eps := make(chan *Endpoint, n)
+		for range n {
+			go func() {
+				ep, err := Prepare(p, loopback, Options{})
+				if err != nil {
+					t.Error(err)
+				}
+				eps <- ep
+			}()
+		}
+		synctest.Wait() // every Prepare waits for the one listing
+		close(listGate)
+		synctest.Wait() // every Prepare waits for the one opening
+		close(openGate)
+		var got []*Endpoint
+		for range n {
+			got = append(got, <-eps)
+		}
+		_, listings, opens := p.counts()
+		require.Equal(t, 1, listings, "device listings")
+		require.Equal(t, 1, opens, "device openings")
+		d := got[0].dev
+		for _, ep := range got {
+			require.Same(t, d, ep.dev)
+		}
+		devices.Lock()
+		require.Equal(t, n, d.refs)
+		devices.Unlock()
+		for i, ep := range got {
+			require.NoError(t, ep.Abort())
+			require.False(t, p.context(0).isClosed(), "closed after %d of %d endpoints", i+1, n)
+		}
+		requireFakeReleased(t, p)
+	})
+}
+
+// TestPrepareContextEndsOnFake: a Prepare whose context ends while the device is being
+// opened returns the context's error at once; the opening completes for nobody, and the
+// device is closed then, not kept.
+func TestPrepareContextEndsOnFake(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := newFakeProvider()
+		gate := make(chan struct{})
+		p.openGate = gate
+		ctx, cancel := context.WithCancel(context.Background())
+		errs := make(chan error, 1)
+		go func() {
+			_, err := PrepareContext(ctx, p, loopback, Options{})
+			errs <- err
+		}()
+		synctest.Wait()
+		cancel()
+		require.ErrorIs(t, <-errs, context.Canceled)
+		close(gate)
+		synctest.Wait() // the opening completes
+		live, _, opens := p.counts()
+		require.Equal(t, 1, opens)
+		require.Zero(t, live, "an opening nobody waited for left")
+		devices.Lock()
+		_, kept := devices.open[deviceKey{provider: p, name: "fake0"}]
+		devices.Unlock()
+		require.False(t, kept, "the device stays in the table")
+	})
+}
+
+// TestUncomparableProvider: a provider that cannot be a map key is refused, not a panic.
+func TestUncomparableProvider(t *testing.T) {
+	type uncomparable struct {
+		*fakeProvider
+		_ []int
+	}
+	_, err := Prepare(uncomparable{fakeProvider: newFakeProvider()}, loopback, Options{})
+	require.ErrorContains(t, err, "not comparable")
+}

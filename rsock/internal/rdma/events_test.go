@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
+	"net/netip"
 	"testing"
 	"testing/synctest"
 
@@ -145,4 +147,88 @@ func TestPortEventsRefreshListing(t *testing.T) {
 			requireReleased(t, f)
 		})
 	})
+}
+
+// fakeConnPair connects an endpoint prepared for ipA to one prepared for ipB, both on
+// provider p with opts, over a pipe for the control channel; neither is started. The
+// fake QPs complete nothing: with a Linger of -1, Close does not wait for the FIN. The test's cleanup closes
+// them, and p's idle devices.
+func fakeConnPair(t *testing.T, p *fakeProvider, ipA, ipB netip.Addr, opts Options) (a, b *Conn) {
+	t.Helper()
+	ea, err := Prepare(p, ipA, opts)
+	require.NoError(t, err)
+	eb, err := Prepare(p, ipB, opts)
+	require.NoError(t, err)
+	ca, cb := net.Pipe()
+	a, err = ea.Connect(eb.Offer(), ca, 0)
+	require.NoError(t, err)
+	b, err = eb.Connect(ea.Offer(), cb, 0)
+	require.NoError(t, err)
+	// After a failed check too, so that no poller or listener outlives the test.
+	t.Cleanup(func() { CloseIdle(p) })
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a, b
+}
+
+// TestAsyncEventsOnFake pushes each kind of asynchronous event a device can raise to
+// a fake device with two ports, a Conn on each: a port going down fails the Conn on
+// that port with ErrPortDown, and only it; a fatal device fails both with
+// ErrDeviceFatal and is not reused; a port event drops the cached device listing, so
+// that the next Prepare lists again; a QP event is left to the QP's completions.
+func TestAsyncEventsOnFake(t *testing.T) {
+	second := netip.MustParseAddr("127.0.0.2")
+	dev := fakeDevice("fake0", loopback)
+	port2 := fakeDevice("fake0", second).Ports[0]
+	port2.Num = 2
+	dev.Ports = append(dev.Ports, port2)
+	tests := []struct {
+		name         string
+		ev           verbs.AsyncEvent
+		wantA, wantB error // the Conns' errors: a is on port 1, b on port 2
+		wantRelist   bool
+		wantReopen   bool
+	}{
+		{name: "port 1 down", ev: verbs.AsyncEvent{Type: verbs.EventPortErr, Port: 1},
+			wantA: ErrPortDown, wantRelist: true},
+		{name: "port 2 down", ev: verbs.AsyncEvent{Type: verbs.EventPortErr, Port: 2},
+			wantB: ErrPortDown, wantRelist: true},
+		{name: "device fatal", ev: verbs.AsyncEvent{Type: verbs.EventDeviceFatal},
+			wantA: ErrDeviceFatal, wantB: ErrDeviceFatal, wantRelist: true, wantReopen: true},
+		{name: "port active", ev: verbs.AsyncEvent{Type: verbs.EventPortActive, Port: 1}, wantRelist: true},
+		{name: "GID change", ev: verbs.AsyncEvent{Type: verbs.EventGIDChange, Port: 2}, wantRelist: true},
+		{name: "QP fatal", ev: verbs.AsyncEvent{Type: verbs.EventQPFatal, QPN: 1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				p := newFakeProvider(dev)
+				a, b := fakeConnPair(t, p, loopback, second, Options{Linger: -1})
+				require.Equal(t, uint8(1), a.ep.path.port.Num)
+				require.Equal(t, uint8(2), b.ep.path.port.Num)
+				_, listings, _ := p.counts()
+				p.context(0).events.Push(tt.ev)
+				synctest.Wait()
+				for _, c := range []struct {
+					name string
+					conn *Conn
+					want error
+				}{{"a", a, tt.wantA}, {"b", b, tt.wantB}} {
+					if c.want == nil {
+						require.NoError(t, connErrOf(c.conn), "Conn %s after %v", c.name, tt.ev)
+					} else {
+						require.ErrorIs(t, connErrOf(c.conn), c.want, "Conn %s after %v", c.name, tt.ev)
+					}
+				}
+				ep, err := Prepare(p, loopback, Options{})
+				require.NoError(t, err)
+				_, relisted, opens := p.counts()
+				require.Equal(t, tt.wantRelist, relisted > listings, "listed again after %v", tt.ev)
+				require.Equal(t, tt.wantReopen, opens > 1, "the device opened again after %v", tt.ev)
+				require.NoError(t, ep.Abort())
+				require.NoError(t, a.Close())
+				require.NoError(t, b.Close())
+				requireFakeReleased(t, p)
+			})
+		})
+	}
 }

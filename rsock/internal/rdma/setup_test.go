@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/rsockio/rsock/verbs"
 	"github.com/rsockio/rsock/verbs/soft"
 )
 
@@ -128,4 +129,86 @@ func TestBudget(t *testing.T) {
 			requireReleased(t, f)
 		})
 	}
+}
+
+// TestPrepareFailsCleanly fails each step of Prepare on a fake provider in turn: Prepare
+// returns that step's error, with what it was doing, and leaves nothing allocated,
+// admitted or charged to the budget; the next Prepare, with the fault gone, succeeds.
+func TestPrepareFailsCleanly(t *testing.T) {
+	boom := errors.New("boom")
+	tests := []struct {
+		step     string
+		wantText string
+	}{
+		{"devices", "list devices"},
+		{"open", "open device fake0"},
+		{"chan", "create completion channel"},
+		{"cq", "create CQ"},
+		{"pd", "allocate protection domain on fake0"},
+		{"mr", "receive ring"},
+		{"qp", "create QP"},
+		{"init", "QP to INIT"},
+		{"recv", "post the proof WQE"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.step, func(t *testing.T) {
+			p := newFakeProvider()
+			b := &budget{maxQPs: 1, maxBytes: 1 << 30}
+			p.failAt(tt.step, boom)
+			_, err := Prepare(p, loopback, Options{Budget: b})
+			require.ErrorIs(t, err, boom)
+			require.ErrorContains(t, err, tt.wantText)
+			qps, bytes := b.held()
+			require.Zero(t, qps+bytes, "charged to the budget after a failure at %s", tt.step)
+			requireFakeReleased(t, p)
+
+			p.failAt(tt.step, nil)
+			ep, err := Prepare(p, loopback, Options{Budget: b})
+			require.NoError(t, err, "Prepare after the fault at %s went", tt.step)
+			require.Equal(t, 1, ep.dev.conns, "endpoints admitted on the device")
+			require.NoError(t, ep.Abort())
+			requireFakeReleased(t, p)
+		})
+	}
+}
+
+// TestPrepareOnFakeProvider: each endpoint gets a protection domain, ring, send buffer
+// and QP of its own, on one shared device context and CQ; its QP is in INIT with the
+// proof WQE and every receive WQE posted; its offer describes its ring and QP; Abort
+// releases all of it but the device, which stays warm.
+func TestPrepareOnFakeProvider(t *testing.T) {
+	p := newFakeProvider()
+	opts := Options{RingSize: 16 << 10, GrowRingTo: -1, RecvWQEs: 32}
+	var eps []*Endpoint
+	for range 2 {
+		ep, err := Prepare(p, loopback, opts)
+		require.NoError(t, err)
+		eps = append(eps, ep)
+	}
+	live, listings, opens := p.counts()
+	require.Equal(t, fakeCounts{Contexts: 1, PDs: 2, MRs: 4, QPs: 2, CQs: 1, Chans: 1}, live)
+	require.Equal(t, 1, listings, "device listings")
+	require.Equal(t, 1, opens, "device openings")
+	for i, ep := range eps {
+		qp := ep.qp.(*fakeVerbsQP)
+		require.Equal(t, verbs.QPStateInit, qp.State(), "endpoint %d", i)
+		require.Equal(t, 1+32, qp.recvs, "endpoint %d: receive WQEs posted, the proof WQE's included", i)
+		o := ep.Offer()
+		require.Equal(t, qp.qpn, o.QPN, "endpoint %d", i)
+		require.Equal(t, ep.ring.Addr(), o.RingAddr, "endpoint %d", i)
+		require.Equal(t, uint32(16<<10), o.RingSize, "endpoint %d", i)
+		require.Equal(t, uint32(32), o.RecvWQEs, "endpoint %d", i)
+		require.Equal(t, verbs.MTU1024, o.MTU, "endpoint %d", i)
+		require.Equal(t, verbs.GIDFromAddr(loopback), o.GID, "endpoint %d", i)
+	}
+	require.NotSame(t, eps[0].pd, eps[1].pd)
+	require.Same(t, eps[0].dev, eps[1].dev)
+	require.Same(t, eps[0].poller, eps[1].poller)
+	require.NoError(t, eps[0].Abort())
+	live, _, _ = p.counts()
+	require.Equal(t, fakeCounts{Contexts: 1, PDs: 1, MRs: 2, QPs: 1, CQs: 1, Chans: 1}, live, "after one Abort")
+	require.NoError(t, eps[1].Abort())
+	live, _, _ = p.counts()
+	require.Equal(t, fakeCounts{Contexts: 1, CQs: 1, Chans: 1}, live, "warm: the device and one CQ")
+	requireFakeReleased(t, p)
 }

@@ -4,10 +4,12 @@ import (
 	"io"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/rsockio/rsock/flowctl"
 	"github.com/rsockio/rsock/verbs"
 	"github.com/rsockio/rsock/verbs/soft"
 )
@@ -136,4 +138,81 @@ func TestStatsCompletionFailed(t *testing.T) {
 			t.Errorf("completionFailed(%v): %d errors, %d RNR; want %d, %d", tc.st, s.wcErrors.Load(), s.rnrErrors.Load(), tc.wc, tc.rnr)
 		}
 	}
+}
+
+// TestStatsOnFake counts on a fake Conn, in a synctest bubble: a Write that runs out of
+// ring credit stalls until a credit update arrives, one stall as long as the bubble's
+// clock advanced, which the hook hears of; messages and bytes each way, ring and
+// staging occupancy; a failed completion, RNR or not, which the failure hook hears of.
+func TestStatsOnFake(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const peerRing = MinRingSize // smaller than the staging buffer: credit runs out first
+		q := &fakeQP{}
+		c := newFakeConn(t, q)
+		fc, err := flowctl.NewEndpoint(flowctl.Params{RingSize: fakeRing, RecvWQEs: fakeWQEs},
+			flowctl.Params{RingSize: peerRing, RecvWQEs: fakeWQEs})
+		require.NoError(t, err)
+		c.fc = fc
+		var stalls []time.Duration
+		failures := make(chan error, 2)
+		c.SetHooks(&Hooks{
+			CreditStall: func(d time.Duration) { stalls = append(stalls, d) },
+			Failed:      func(err error) { failures <- err },
+		})
+
+		const total = peerRing + 2000
+		wrote := make(chan error, 1)
+		go func() {
+			_, err := c.Write(make([]byte, total))
+			wrote <- err
+		}()
+		synctest.Wait() // out of credit after peerRing bytes
+		// Half way, a send completion wakes the writer, still without credit: the
+		// stall goes on, one stall.
+		time.Sleep(time.Second / 2)
+		var freed uint64
+		var signaled uint64
+		for _, wr := range q.posted() {
+			if wr.Flags&verbs.SendSignaled != 0 {
+				signaled = wr.ID
+			}
+		}
+		for _, wr := range q.posted()[:signaled+1] {
+			freed += uint64(wr.SGL[0].Length)
+		}
+		c.onCompletion(sendDone(signaled))
+		synctest.Wait()
+		time.Sleep(time.Second / 2)
+		imm, err := flowctl.Imm{Kind: flowctl.KindCredit, RingCredits: uint32(peerRing / flowctl.RingUnit(peerRing))}.Encode()
+		require.NoError(t, err)
+		c.onCompletion(&verbs.WorkCompletion{WRID: recvWRFlag, Status: verbs.WCSuccess,
+			Opcode: verbs.WCRecvRDMAWithImm, Flags: verbs.WCWithImm, Imm: imm})
+		require.NoError(t, <-wrote)
+		arrive(t, c, 1, flowctl.KindData, 0, "hello")
+
+		s := c.Stats()
+		require.Equal(t, uint64(1), s.CreditStalls, "%+v", s)
+		require.Equal(t, time.Second, s.CreditStallTime, "%+v", s)
+		require.Equal(t, []time.Duration{time.Second}, stalls, "stalls the hook heard of")
+		require.Equal(t, uint64(len(q.posted())), s.MessagesSent, "%+v", s)
+		require.Equal(t, uint64(total), s.BytesSent, "%+v", s)
+		require.Equal(t, uint64(1), s.MessagesReceived, "credit updates are not counted: %+v", s)
+		require.Equal(t, uint64(5), s.BytesReceived, "%+v", s)
+		require.Equal(t, fakeRing, s.RingSize, "%+v", s)
+		require.Equal(t, 5, s.RingUsed, "%+v", s)
+		require.Zero(t, s.Spilled, "%+v", s)
+		require.Equal(t, fakeStage, s.StagingSize, "%+v", s)
+		require.Equal(t, total-int(freed), s.StagingUsed, "%d bytes written, %d completed: %+v", total, freed, s)
+		require.Zero(t, s.CompletionErrors+s.RNRErrors, "%+v", s)
+
+		c.onCompletion(&verbs.WorkCompletion{WRID: 0, Status: verbs.WCWRFlushErr})
+		c.onCompletion(&verbs.WorkCompletion{WRID: 1, Status: verbs.WCRNRRetryExcErr})
+		c.onCompletion(&verbs.WorkCompletion{WRID: 2, Status: verbs.WCWRFlushErr})
+		s = c.Stats()
+		require.Equal(t, uint64(3), s.CompletionErrors, "%+v", s)
+		require.Equal(t, uint64(1), s.RNRErrors, "%+v", s)
+		require.ErrorIs(t, <-failures, ErrQPFailed)
+		synctest.Wait()
+		require.Empty(t, failures, "the failure hook runs once per Conn")
+	})
 }

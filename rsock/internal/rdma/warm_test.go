@@ -158,3 +158,101 @@ func TestCool(t *testing.T) {
 	require.NoError(t, Cool(f))
 	requireReleasedNow(t, f)
 }
+
+// TestDeviceStaysWarmOnFake: a device nobody uses stays open for deviceIdleTimeout
+// after its last endpoint is released, so that the next one reuses it, and each release
+// starts the idle period afresh; then it closes. Its time is synctest's: the sleeps
+// advance the bubble's clock.
+func TestDeviceStaysWarmOnFake(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := newFakeProvider()
+		ep, err := Prepare(p, loopback, Options{})
+		require.NoError(t, err)
+		require.NoError(t, ep.Abort())
+		require.True(t, Warm(p, loopback, Options{}), "just released")
+		ctx := p.context(0)
+
+		time.Sleep(deviceIdleTimeout - time.Second)
+		synctest.Wait()
+		require.False(t, ctx.isClosed(), "closed within the idle timeout")
+		ep, err = Prepare(p, loopback, Options{})
+		require.NoError(t, err)
+		_, _, opens := p.counts()
+		require.Equal(t, 1, opens, "the warm device was not reused")
+		require.NoError(t, ep.Abort())
+
+		time.Sleep(deviceIdleTimeout - time.Second) // past the first idle period's end
+		synctest.Wait()
+		require.False(t, ctx.isClosed(), "closed at the end of an idle period a reuse ended")
+		time.Sleep(time.Second)
+		synctest.Wait()
+		require.True(t, ctx.isClosed(), "open after the idle timeout")
+		require.False(t, Warm(p, loopback, Options{}))
+		requireFakeReleased(t, p)
+	})
+}
+
+// TestIdleDevicesBoundedOnFake: at most maxIdleDevices devices stay warm; one more
+// going idle closes the one idle the longest.
+func TestIdleDevicesBoundedOnFake(t *testing.T) {
+	require.NoError(t, CloseIdle(nil)) // other tests' devices do not count
+	ps := make([]*fakeProvider, maxIdleDevices+1)
+	for i := range ps {
+		ps[i] = newFakeProvider()
+		ep, err := Prepare(ps[i], loopback, Options{})
+		require.NoError(t, err)
+		require.NoError(t, ep.Abort())
+	}
+	require.True(t, ps[0].context(0).isClosed(), "the longest idle device is open")
+	for i, p := range ps[1:] {
+		require.False(t, p.context(0).isClosed(), "idle device %d closed", i+1)
+	}
+	for _, p := range ps {
+		requireFakeReleased(t, p)
+	}
+}
+
+// TestIdleDeviceKeepsOneCQOnFake: an idle device keeps one CQ and its channel, and
+// closes the others.
+func TestIdleDeviceKeepsOneCQOnFake(t *testing.T) {
+	p := newFakeProvider()
+	opts := Options{CQSize: 129} // one endpoint's 64+64+1 entries per CQ
+	var eps []*Endpoint
+	for range 3 {
+		ep, err := Prepare(p, loopback, opts)
+		require.NoError(t, err)
+		eps = append(eps, ep)
+	}
+	live, _, _ := p.counts()
+	require.Equal(t, 3, live.CQs, "CQs of three endpoints that fill one each")
+	for _, ep := range eps {
+		require.NoError(t, ep.Abort())
+	}
+	live, _, _ = p.counts()
+	require.Equal(t, fakeCounts{Contexts: 1, CQs: 1, Chans: 1}, live, "idle")
+	requireFakeReleased(t, p)
+}
+
+// TestCoolOnFake: a device cooled while in use closes with its last endpoint instead
+// of staying warm; the next endpoint opens it again, and it stays warm after that one.
+func TestCoolOnFake(t *testing.T) {
+	p := newFakeProvider()
+	ep, err := Prepare(p, loopback, Options{})
+	require.NoError(t, err)
+	require.NoError(t, Cool(p))
+	require.False(t, p.context(0).isClosed(), "cooling closed a device in use")
+	require.NoError(t, ep.Abort())
+	require.True(t, p.context(0).isClosed(), "a cooled device stayed warm")
+	devices.Lock()
+	cooled := idleDevices.cooled[p]
+	devices.Unlock()
+	require.False(t, cooled, "a provider with no device left is still remembered as cooled")
+
+	ep, err = Prepare(p, loopback, Options{})
+	require.NoError(t, err)
+	require.NoError(t, ep.Abort())
+	_, _, opens := p.counts()
+	require.Equal(t, 2, opens)
+	require.False(t, p.context(1).isClosed(), "warm again after a new use")
+	requireFakeReleased(t, p)
+}
