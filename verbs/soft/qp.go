@@ -161,13 +161,19 @@ func (p *PD) CreateQP(attr verbs.QPInitAttr) (verbs.QP, error) {
 	}
 	q := &QP{dev: d, pd: p, sendCQ: scq, recvCQ: rcq, caps: c, sigAll: attr.SignalAll}
 	q.sq.ring = make([]wqe, c.MaxSendWR)
-	q.sq.sges = make([]verbs.SGE, c.MaxSendWR*c.MaxSendSGE)
-	q.sq.inline = make([]byte, c.MaxSendWR*c.MaxInlineData)
-	q.sq.scratch = make([]byte, c.MaxInlineData)
-	q.sq.vec = make([][]byte, 0, max(c.MaxSendSGE, 1))
 	q.rq.ring = make([]rwqe, c.MaxRecvWR)
-	q.rq.sges = make([]verbs.SGE, c.MaxRecvWR*c.MaxRecvSGE)
-	q.rq.vec = make([][]byte, 0, max(c.MaxRecvSGE, 1))
+	// Storage of one type is made once and cut into capped parts, so that creating
+	// a QP allocates less: the SGLs of both queues, the inline payloads and the
+	// scratch buffer, the local buffers of both queues' messages.
+	nsq, nrq := c.MaxSendWR*c.MaxSendSGE, c.MaxRecvWR*c.MaxRecvSGE
+	sges := make([]verbs.SGE, nsq+nrq)
+	q.sq.sges, q.rq.sges = sges[:nsq:nsq], sges[nsq:]
+	ninline := c.MaxSendWR * c.MaxInlineData
+	inline := make([]byte, ninline+c.MaxInlineData)
+	q.sq.inline, q.sq.scratch = inline[:ninline:ninline], inline[ninline:]
+	vsq, vrq := max(c.MaxSendSGE, 1), max(c.MaxRecvSGE, 1)
+	vec := make([][]byte, vsq+vrq)
+	q.sq.vec, q.rq.vec = vec[:0:vsq], vec[vsq:vsq]
 	q.timer = time.AfterFunc(time.Hour, q.runSQ)
 	q.timer.Stop()
 	d.addQP(q)
