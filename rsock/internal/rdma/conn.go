@@ -98,6 +98,7 @@ type Conn struct {
 	startOnce sync.Once
 	closeErr  error
 	ctrlDone  chan struct{} // the control reader has exited
+	ctrlBuf   [16]byte      // the control reader's buffer (conn_close.go)
 	keepalive *time.Timer
 	kaPeriod  time.Duration
 
@@ -142,6 +143,12 @@ func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) 
 		return nil, err
 	}
 	depth := uint64(ep.opts.SendWQEs)
+	stageEnd := ep.stageEnd[:]
+	if depth <= uint64(len(stageEnd)) {
+		stageEnd = stageEnd[:depth] // in the Endpoint, which the Conn keeps
+	} else {
+		stageEnd = make([]uint64, depth)
+	}
 	c := &Conn{
 		ep:           ep,
 		qp:           ep.qp,
@@ -152,7 +159,7 @@ func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) 
 		peerRKey:     peer.RingRKey,
 		sqDepth:      depth,
 		signalEvery:  max(depth/4, 1),
-		stageEnd:     make([]uint64, depth),
+		stageEnd:     stageEnd,
 		stage:        ep.sendBuf.Bytes(),
 		stageKey:     ep.sendBuf.LKey(),
 		stageAddr:    ep.sendBuf.Addr(),
@@ -263,10 +270,14 @@ func (c *Conn) SetWriteDeadline(t time.Time) error {
 // deadline is a settable point in time that pending waits observe: its channel is
 // closed when the time passes, and replaced when the deadline moves into the future.
 // Reads and Writes check it with one atomic load; only set takes the mutex.
+//
+// The channel is held in an atomic.Value rather than behind an atomic.Pointer: a
+// channel is pointer-shaped, so storing one boxes nothing, and a renewal allocates the
+// channel alone (a connection's setup makes two).
 type deadline struct {
 	mu      sync.Mutex
 	timer   *time.Timer
-	expired atomic.Pointer[chan struct{}]
+	expired atomic.Value // chan struct{}
 }
 
 func (d *deadline) init() { d.renew() }
@@ -274,7 +285,7 @@ func (d *deadline) init() { d.renew() }
 // renew installs a fresh, open channel. Called with mu held (or before use).
 func (d *deadline) renew() chan struct{} {
 	ch := make(chan struct{})
-	d.expired.Store(&ch)
+	d.expired.Store(ch)
 	return ch
 }
 
@@ -288,7 +299,7 @@ func (d *deadline) set(t time.Time) {
 		d.timer.Stop()
 		d.timer = nil
 	}
-	ch := *d.expired.Load()
+	ch := d.wait()
 	closed := isClosed(ch)
 	if t.IsZero() {
 		if closed {
@@ -306,7 +317,7 @@ func (d *deadline) set(t time.Time) {
 		var timer *time.Timer
 		timer = time.AfterFunc(dur, func() {
 			d.mu.Lock()
-			if d.timer == timer && *d.expired.Load() == ch && !isClosed(ch) {
+			if d.timer == timer && d.wait() == ch && !isClosed(ch) {
 				close(ch)
 			}
 			d.mu.Unlock()
@@ -320,7 +331,7 @@ func (d *deadline) set(t time.Time) {
 }
 
 // wait returns a channel closed when the deadline passes.
-func (d *deadline) wait() chan struct{} { return *d.expired.Load() }
+func (d *deadline) wait() chan struct{} { return d.expired.Load().(chan struct{}) }
 
 func isClosed(ch chan struct{}) bool {
 	select {

@@ -159,7 +159,14 @@ func (c *Conn) drain() error {
 	if c.linger < 0 {
 		return nil
 	}
-	var timeout <-chan time.Time
+	// The timer starts with the first wait and is stopped by one deferred call outside
+	// the loop: a defer inside it would be allocated on the heap.
+	var t *time.Timer
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+	}()
 	for {
 		c.mu.Lock()
 		delivered := c.finPosted && c.sqDone > c.finID
@@ -174,14 +181,12 @@ func (c *Conn) drain() error {
 		case failed != nil:
 			return fmt.Errorf("rdma: close: %d work requests (writes or the FIN) never acknowledged by the peer, so bytes Write accepted may be lost: %w", unacked, failed)
 		}
-		if timeout == nil {
-			t := time.NewTimer(c.linger)
-			defer t.Stop()
-			timeout = t.C
+		if t == nil {
+			t = time.NewTimer(c.linger)
 		}
 		select {
 		case <-c.drained:
-		case <-timeout:
+		case <-t.C:
 			return fmt.Errorf("rdma: close: the peer did not acknowledge the bytes written and the FIN within the linger time of %v: %w", c.linger, ErrLingerTimeout)
 		}
 	}
@@ -192,7 +197,7 @@ func (c *Conn) drain() error {
 // timeout.
 func (c *Conn) readControl() {
 	defer close(c.ctrlDone)
-	var buf [16]byte
+	buf := &c.ctrlBuf // in the Conn: a local array would escape into ctrl.Read
 	peerKeepsAlive := false
 	for {
 		c.mu.Lock()
