@@ -36,8 +36,9 @@ func (l *Listener) handshake(raw bootConn, transport string) (*Conn, error) {
 			return c, nil
 		}
 	}
-	ctx, cancel := context.WithDeadline(l.ctx, deadline)
-	defer cancel()
+	ctx := &handshakeCtx{} // context.WithDeadline's, without a timer unless something waits on it
+	ctx.init(l.ctx, deadline)
+	defer ctx.release()
 	raw.SetDeadline(deadline)
 	c, err := l.answer(ctx, raw, transport, &hr)
 	if err != nil {

@@ -93,6 +93,8 @@ type dialState struct {
 	// allocates the state once rather than each buffer.
 	out [helloMaxLen]byte
 	in  helloReader
+	// hctx is the handshake's context (clientHandshake), here for the same reason.
+	hctx handshakeCtx
 }
 
 // sendMagic sends the hello's first bytes, its magic, before the device preparation,
@@ -218,7 +220,7 @@ func proveClient(ctx context.Context, conn *rdma.Conn, mine *proof) (peer proof,
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
-	case <-ctx.Done():
+	case <-parentDone(ctx): // the handshake's own deadline is later than t's
 		return proof{}, nil, fmt.Errorf("prove the rdma path: %w", ctx.Err())
 	case <-t.C:
 		return proof{}, fmt.Errorf("%w: no RDMA message from the peer within %v: is RoCE (UDP 4791) blocked or routed elsewhere?", ErrPathUnproven, wait.Round(time.Millisecond)), nil
@@ -294,7 +296,7 @@ func (a *acceptState) acceptRDMA(ctx context.Context, offer *hello) (upgrade, er
 		why    error // why the client's proof did not bind, or was not answered
 	)
 	select {
-	case <-ctx.Done():
+	case <-parentDone(ctx): // the confirmation's read ends with the handshake's deadline
 		a.boot.SetReadDeadline(aLongTimeAgo)
 		<-confirmed
 		conn.Abandon()
@@ -413,6 +415,12 @@ func prepareEndpoint(ctx context.Context, cfg *Config, boot bootConn, budget rdm
 // remote address is the local one.
 func localIP(c bootConn) (netip.Addr, bool) {
 	addrOf := func(a net.Addr) netip.Addr {
+		switch a := a.(type) { // the common cases, without formatting and parsing
+		case *net.TCPAddr:
+			return a.AddrPort().Addr().Unmap()
+		case *net.UDPAddr:
+			return a.AddrPort().Addr().Unmap()
+		}
 		if ap, err := netip.ParseAddrPort(a.String()); err == nil {
 			return ap.Addr().Unmap()
 		}

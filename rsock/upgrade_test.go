@@ -486,3 +486,45 @@ func TestUpgradeTrafficClass(t *testing.T) {
 		})
 	}
 }
+
+// TestLocalIP checks the address the RDMA device is chosen by, for the address types
+// the bootstrap connections have (TCP, UDP for QUIC) and one it parses from text.
+func TestLocalIP(t *testing.T) {
+	tests := []struct {
+		name          string
+		local, remote net.Addr
+		want          netip.Addr
+		wantOK        bool
+	}{
+		{name: "tcp", local: &net.TCPAddr{IP: net.IPv4(10, 0, 0, 1), Port: 7}, remote: &net.TCPAddr{IP: net.IPv4(10, 0, 0, 2)},
+			want: netip.MustParseAddr("10.0.0.1"), wantOK: true},
+		{name: "tcp6", local: &net.TCPAddr{IP: net.ParseIP("fe80::1"), Zone: "eth0"}, remote: &net.TCPAddr{IP: net.ParseIP("fe80::2")},
+			want: netip.MustParseAddr("fe80::1%eth0"), wantOK: true},
+		{name: "udp wildcard, loopback peer", local: &net.UDPAddr{IP: net.IPv4zero, Port: 9}, remote: &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)},
+			want: netip.MustParseAddr("127.0.0.1"), wantOK: true},
+		{name: "udp wildcard, remote peer", local: &net.UDPAddr{IP: net.IPv6unspecified}, remote: &net.UDPAddr{IP: net.IPv4(10, 0, 0, 2)}},
+		{name: "other type", local: textAddr("192.0.2.1:80"), remote: textAddr("192.0.2.2:80"),
+			want: netip.MustParseAddr("192.0.2.1"), wantOK: true},
+		{name: "unparsable", local: textAddr("pipe"), remote: textAddr("pipe")},
+	}
+	for _, tt := range tests {
+		got, ok := localIP(addrConn{local: tt.local, remote: tt.remote})
+		require.Equal(t, tt.wantOK, ok, "localIP(%v, %v) found an address", tt.local, tt.remote)
+		require.Equal(t, tt.want, got, "localIP(%v, %v)", tt.local, tt.remote)
+	}
+}
+
+// addrConn is a bootConn that has addresses only.
+type addrConn struct {
+	bootConn
+	local, remote net.Addr
+}
+
+func (c addrConn) LocalAddr() net.Addr  { return c.local }
+func (c addrConn) RemoteAddr() net.Addr { return c.remote }
+
+// textAddr is a net.Addr of another type than TCP's and UDP's.
+type textAddr string
+
+func (a textAddr) Network() string { return "text" }
+func (a textAddr) String() string  { return string(a) }
