@@ -281,28 +281,23 @@ func (a *acceptState) acceptRDMA(ctx context.Context, offer *hello) (upgrade, er
 	}
 
 	// The confirmation is read while the proof is awaited: a client that gives up
-	// says so at once. The read ends with the handshake's deadline at the latest, and
-	// is always waited for.
-	confirmed := make(chan confirmation, 1)
-	go func() {
-		var b [1]byte
-		_, err := io.ReadFull(a.boot, b[:])
-		confirmed <- confirmation{b[0], err}
-	}()
+	// says so at once. This goroutine reads it, so that the confirmation wakes it
+	// directly; a helper answers the client's proof, as soon as it arrives. The read
+	// ends with the handshake's deadline at the latest (or when the Listener closes
+	// the connection), and the helper always ends before acceptRDMA returns.
 	var (
-		c      confirmation
-		peer   proof
 		proven bool  // the client's proof bound, and ours is on its way
 		why    error // why the client's proof did not bind, or was not answered
 	)
-	select {
-	case <-parentDone(ctx): // the confirmation's read ends with the handshake's deadline
-		a.boot.SetReadDeadline(aLongTimeAgo)
-		<-confirmed
-		conn.Abandon()
-		return upgrade{}, fmt.Errorf("prove the rdma path: %w", ctx.Err())
-	case c = <-confirmed:
-	case <-conn.ProofDone():
+	stop, answered := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(answered)
+		select {
+		case <-stop: // the confirmation came first: a client that gave up
+			return
+		case <-conn.ProofDone():
+		}
+		var peer proof
 		peer, why = serverCheck(conn, offer.rdma.Nonce, accept.Nonce)
 		if why == nil {
 			// The client writes as soon as it has confirmed, and our engine may answer
@@ -318,8 +313,14 @@ func (a *acceptState) acceptRDMA(ctx context.Context, offer *hello) (upgrade, er
 		if proven = why == nil; !proven {
 			conn.Abandon() // nothing more reaches the QP the proof came over
 		}
-		c = <-confirmed
-	}
+	}()
+	var b [1]byte
+	_, err = io.ReadFull(a.boot, b[:])
+	c := confirmation{b[0], err}
+	// A confirmReady follows our proof, so the helper is past its wait then; on
+	// anything else, whichever way the helper goes, the QP is abandoned below.
+	close(stop)
+	<-answered
 	switch {
 	case c.err != nil:
 		conn.Abandon()
