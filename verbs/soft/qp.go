@@ -54,7 +54,7 @@ type sendQueue struct {
 	ring    []wqe // WRs not yet executed to completion, oldest at head
 	head, n int
 	sges    []verbs.SGE // SGL storage of the ring's WRs, caps.MaxSendSGE per slot
-	inline  []byte      // inline payload storage, caps.MaxInlineData per slot
+	inline  []byte      // inline payload storage, caps.MaxInlineData per slot; nil until a WR with one is queued
 	scratch []byte      // inline payload of the WR being posted
 	vec     [][]byte    // resolved local buffers of the WR being executed
 
@@ -163,14 +163,13 @@ func (p *PD) CreateQP(attr verbs.QPInitAttr) (verbs.QP, error) {
 	q.sq.ring = make([]wqe, c.MaxSendWR)
 	q.rq.ring = make([]rwqe, c.MaxRecvWR)
 	// Storage of one type is made once and cut into capped parts, so that creating
-	// a QP allocates less: the SGLs of both queues, the inline payloads and the
-	// scratch buffer, the local buffers of both queues' messages.
+	// a QP allocates less: the SGLs of both queues, the local buffers of both queues'
+	// messages. The inline payloads of queued WRs get their storage when the first is
+	// queued (enqueueLocked): a WR posted to an idle queue runs at once, from scratch.
 	nsq, nrq := c.MaxSendWR*c.MaxSendSGE, c.MaxRecvWR*c.MaxRecvSGE
 	sges := make([]verbs.SGE, nsq+nrq)
 	q.sq.sges, q.rq.sges = sges[:nsq:nsq], sges[nsq:]
-	ninline := c.MaxSendWR * c.MaxInlineData
-	inline := make([]byte, ninline+c.MaxInlineData)
-	q.sq.inline, q.sq.scratch = inline[:ninline:ninline], inline[ninline:]
+	q.sq.scratch = make([]byte, c.MaxInlineData)
 	vsq, vrq := max(c.MaxSendSGE, 1), max(c.MaxRecvSGE, 1)
 	vec := make([][]byte, vsq+vrq)
 	q.sq.vec, q.rq.vec = vec[:0:vsq], vec[vsq:vsq]
