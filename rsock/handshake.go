@@ -53,6 +53,9 @@ var testHookSniffed func(isHello bool)
 
 // answer reads the client's offer (its first bytes may already be in hr) and answers it.
 func (l *Listener) answer(ctx context.Context, raw bootConn, transport string, hr *helloReader) (*Conn, error) {
+	a := &acceptState{cfg: l.cfg, boot: raw, transport: transport, budget: l.budget.forRemote(raw.RemoteAddr())}
+	a.prepareEarly(ctx) // upgrade.go: on a warm device, while the offer is on its way
+	defer a.abortEarly()
 	h, err := hr.read(raw)
 	switch {
 	case errors.Is(err, ErrVersionMismatch) && h.kind == helloOffer:
@@ -69,7 +72,6 @@ func (l *Listener) answer(ctx context.Context, raw bootConn, transport string, h
 
 	var reason error = &FallbackError{Err: ErrPeerOfferedNone}
 	if h.offersRDMA() {
-		a := &acceptState{cfg: l.cfg, boot: raw, transport: transport, budget: l.budget.forRemote(raw.RemoteAddr())}
 		up, err := a.acceptRDMA(ctx, &h)
 		switch {
 		case err != nil:

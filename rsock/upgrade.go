@@ -248,6 +248,53 @@ type acceptState struct {
 	// budget is charged for the endpoint: the Listener's, seen from the client's
 	// address (limits.go).
 	budget rdma.Budget
+
+	// What prepareEarly made, until acceptRDMA takes it (early then turns false) or
+	// abortEarly releases it.
+	early    bool
+	earlyEP  *rdma.Endpoint
+	earlyWhy error // prepareEndpoint's reason
+	earlyErr error // prepareEndpoint's error
+}
+
+// prepareEarly prepares this side's endpoint before the client's offer is read, when
+// the device is warm (rdma.Warm: no listing, no opening, only the connection's own
+// verbs calls), so that the preparation overlaps the client's own and the offer's
+// journey instead of following them. An endpoint prepared for a client that then
+// offers no RDMA is released by abortEarly; meanwhile it is charged to the client's
+// budget as any endpoint is, for no longer than the handshake. On a cold device, or
+// where this side could not offer RDMA anyway, nothing is prepared ahead: a Listener
+// whose clients never upgrade keeps its device cold and never pays for it.
+func (a *acceptState) prepareEarly(ctx context.Context) {
+	p, err := a.cfg.provider()
+	if err != nil {
+		return
+	}
+	ip, ok := localIP(a.boot)
+	if !ok || !rdma.Warm(p, ip, a.cfg.rdmaOptions()) {
+		return
+	}
+	a.early = true
+	a.earlyEP, a.earlyWhy, a.earlyErr = prepareEndpoint(ctx, a.cfg, a.boot, a.budget)
+}
+
+// endpoint returns the endpoint prepareEarly made, handing it over, or prepares one:
+// see prepareEndpoint.
+func (a *acceptState) endpoint(ctx context.Context) (ep *rdma.Endpoint, reason, err error) {
+	if !a.early {
+		return prepareEndpoint(ctx, a.cfg, a.boot, a.budget)
+	}
+	ep, reason, err = a.earlyEP, a.earlyWhy, a.earlyErr
+	a.early, a.earlyEP = false, nil
+	return ep, reason, err
+}
+
+// abortEarly releases the endpoint prepareEarly made, if nobody took it.
+func (a *acceptState) abortEarly() {
+	if a.earlyEP != nil {
+		a.earlyEP.Abort()
+		a.earlyEP = nil
+	}
 }
 
 // confirmation is what the client's confirmation byte read brought.
@@ -257,11 +304,11 @@ type confirmation struct {
 }
 
 // acceptRDMA answers a client's offer that carries an RDMA endpoint. To upgrade, it
-// prepares this side's endpoint, connects its QP to the client's, sends an accept
+// prepares this side's endpoint (or takes the one prepareEarly made), connects its QP to the client's, sends an accept
 // carrying it, answers the client's proof with its own and waits for the client's
 // confirmation.
 func (a *acceptState) acceptRDMA(ctx context.Context, offer *hello) (upgrade, error) {
-	ep, reason, err := prepareEndpoint(ctx, a.cfg, a.boot, a.budget)
+	ep, reason, err := a.endpoint(ctx)
 	if err != nil {
 		return upgrade{}, err
 	}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -528,3 +529,73 @@ type textAddr string
 
 func (a textAddr) Network() string { return "text" }
 func (a textAddr) String() string  { return string(a) }
+
+// TestPrepareEarly checks the server's endpoint prepared before the offer is read
+// (acceptState.prepareEarly): on a warm device, a connection that has sent nothing yet
+// already holds one queue pair, charged to its remote address; whatever the client
+// then does (offer no RDMA, close, offer RDMA and upgrade), nothing of it is left
+// once the handshake is over, beyond the upgraded connection's own.
+func TestPrepareEarly(t *testing.T) {
+	tests := []struct {
+		name    string
+		client  func(t *testing.T, raw net.Conn)
+		upgrade bool // the client upgrades: one QP stays, the server's Conn's
+	}{
+		{name: "offer without RDMA", client: func(t *testing.T, raw net.Conn) {
+			require.NoError(t, writeHello(raw, offerHello(nil)))
+			var hr helloReader
+			h, err := hr.read(raw)
+			require.NoError(t, err)
+			require.Equal(t, helloDecline, h.kind, "the server's answer to an offer without RDMA")
+		}},
+		{name: "close before the offer", client: func(t *testing.T, raw net.Conn) {
+			require.NoError(t, raw.Close())
+		}},
+		{name: "offer RDMA", upgrade: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fab := soft.New(soft.Options{})
+			scfg, ccfg := rdmaConfigs(t, FallbackTCP, fab)
+			ln := listen(t, scfg)
+			c, s := pipe(t, ln, ccfg) // the device warms up
+			require.Equal(t, TransportRDMA, c.Transport(), "warming connection: %v", c.FallbackReason())
+			c.Close()
+			s.Close()
+			require.Eventually(t, func() bool { return fab.Stats().QPs == 0 }, 10*time.Second, time.Millisecond, "the warming connection's QPs")
+
+			raw, err := net.Dial("tcp", ln.Addr().String())
+			require.NoError(t, err)
+			defer raw.Close()
+			key, _ := remoteKey(raw.LocalAddr())
+			require.Eventually(t, func() bool { return fab.Stats().QPs == 1 }, 10*time.Second, time.Millisecond,
+				"a QP prepared before the offer arrives")
+			total, remote, _ := ln.budget.held(key)
+			require.Equal(t, 1, total.qps, "QPs charged to the listener before the offer")
+			require.Equal(t, total, remote, "charged to the remote address %v", key)
+
+			wantQPs := 0
+			if tt.upgrade {
+				// A client that offers RDMA gets the endpoint prepared for it: the
+				// connection upgrades and holds one QP per end, no more.
+				c, err := Dial("tcp", ln.Addr().String(), ccfg)
+				require.NoError(t, err)
+				defer c.Close()
+				s, err := ln.AcceptRsock()
+				require.NoError(t, err)
+				defer s.Close()
+				require.Equal(t, TransportRDMA, c.Transport(), "upgrade: %v", c.FallbackReason())
+				require.NoError(t, raw.Close()) // the raw connection's early endpoint goes too
+				wantQPs = 2
+			} else {
+				tt.client(t, raw)
+			}
+			require.Eventually(t, func() bool { return fab.Stats().QPs == wantQPs }, 10*time.Second, time.Millisecond,
+				"QPs once the handshakes are over: %+v", fab.Stats())
+			require.Eventually(t, func() bool {
+				total, _, _ := ln.budget.held(key)
+				return total.qps == wantQPs/2
+			}, 10*time.Second, time.Millisecond, "QPs charged once the handshakes are over")
+		})
+	}
+}
