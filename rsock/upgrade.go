@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"sync"
 	"time"
 
 	"github.com/rsockio/rsock/rsock/internal/rdma"
@@ -255,6 +256,8 @@ type acceptState struct {
 	earlyEP  *rdma.Endpoint
 	earlyWhy error // prepareEndpoint's reason
 	earlyErr error // prepareEndpoint's error
+
+	ans proofAnswer // the answer to the client's proof (acceptRDMA)
 }
 
 // prepareEarly prepares this side's endpoint before the client's offer is read, when
@@ -322,52 +325,26 @@ func (a *acceptState) acceptRDMA(ctx context.Context, offer *hello) (upgrade, er
 	}
 	mine := ep.Offer()
 	accept := endpointOf(mine, newNonce())
+	// The client's proof is answered where it arrives, on the engine's poller
+	// (answerProof), and the confirmation is read here meanwhile: a client that gives
+	// up says so at once, and the confirmation that follows our proof wakes this
+	// goroutine directly. The read ends with the handshake's deadline at the latest
+	// (or when the Listener closes the connection).
+	ans := &a.ans
+	ans.conn, ans.client, ans.server = conn, offer.rdma.Nonce, accept.Nonce
+	ans.ringRKey, ans.ringAddr = mine.RingRKey, mine.RingAddr
+	conn.OnProof(func() { a.ans.answer() })
 	if err := writeHello(a.boot, acceptHello(accept)); err != nil {
 		conn.Abandon()
 		return upgrade{}, fmt.Errorf("send hello: %w", err)
 	}
-
-	// The confirmation is read while the proof is awaited: a client that gives up
-	// says so at once. This goroutine reads it, so that the confirmation wakes it
-	// directly; a helper answers the client's proof, as soon as it arrives. The read
-	// ends with the handshake's deadline at the latest (or when the Listener closes
-	// the connection), and the helper always ends before acceptRDMA returns.
-	var (
-		proven bool  // the client's proof bound, and ours is on its way
-		why    error // why the client's proof did not bind, or was not answered
-	)
-	stop, answered := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(answered)
-		select {
-		case <-stop: // the confirmation came first: a client that gave up
-			return
-		case <-conn.ProofDone():
-		}
-		var peer proof
-		peer, why = serverCheck(conn, offer.rdma.Nonce, accept.Nonce)
-		if why == nil {
-			// The client writes as soon as it has confirmed, and our engine may answer
-			// what arrives (credit, a ring resize) before the confirmation reaches us:
-			// it must know the client's ring from now on.
-			conn.SetPeerRing(peer.ringAddr, peer.ringRKey)
-			ours := proof{role: roleServer, client: offer.rdma.Nonce, server: accept.Nonce, ringRKey: mine.RingRKey, ringAddr: mine.RingAddr}
-			var buf [proofLen]byte // SendProof copies it
-			if err := conn.SendProof(ours.appendTo(buf[:0])); err != nil {
-				why = fmt.Errorf("%w: send the proof: %w", ErrPathUnproven, err)
-			}
-		}
-		if proven = why == nil; !proven {
-			conn.Abandon() // nothing more reaches the QP the proof came over
-		}
-	}()
 	var b [1]byte
 	_, err = io.ReadFull(a.boot, b[:])
 	c := confirmation{b[0], err}
-	// A confirmReady follows our proof, so the helper is past its wait then; on
-	// anything else, whichever way the helper goes, the QP is abandoned below.
-	close(stop)
-	<-answered
+	// A confirmReady follows our proof, so its answer is recorded by then (or being
+	// recorded: outcome waits for it); on anything else the QP is abandoned below,
+	// whatever the answer.
+	proven, why := ans.outcome()
 	switch {
 	case c.err != nil:
 		conn.Abandon()
@@ -397,6 +374,71 @@ func (a *acceptState) acceptRDMA(ctx context.Context, offer *hello) (upgrade, er
 	}
 	conn.Abandon()
 	return upgrade{}, fmt.Errorf("%w: confirmation byte %#x", ErrBadHello, c.b)
+}
+
+// proofAnswer is the server's answer to the client's proof: answer runs on the
+// engine's poller when the proof arrives, outcome on the handshake's goroutine once the
+// confirmation is read.
+type proofAnswer struct {
+	// Set before the proof can arrive: the QP, both hellos' nonces, our ring.
+	conn           *rdma.Conn
+	client, server nonce
+	ringRKey       uint32
+	ringAddr       uint64
+
+	mu       sync.Mutex
+	decided  bool  // outcome was called: a proof arriving later is not answered
+	answered bool  // answer ran
+	why      error // why the client's proof did not bind, or was not answered
+}
+
+// answer checks the client's proof and, if it binds to this connection's hellos
+// (nonces client and server), tells the engine the client's ring and sends our proof,
+// revealing our ring; if not, it abandons the QP, from a goroutine of its own. It does
+// not block: it runs on the engine's poller ([rdma.Conn.OnProof]).
+func (p *proofAnswer) answer() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.decided {
+		return
+	}
+	conn := p.conn
+	peer, why := serverCheck(conn, p.client, p.server)
+	if why == nil {
+		// The client writes as soon as it has confirmed, and our engine may answer
+		// what arrives (credit, a ring resize) before the confirmation reaches us: it
+		// must know the client's ring from now on.
+		conn.SetPeerRing(peer.ringAddr, peer.ringRKey)
+		ours := proof{role: roleServer, client: p.client, server: p.server, ringRKey: p.ringRKey, ringAddr: p.ringAddr}
+		var buf [proofLen]byte // SendProof copies it
+		if err := conn.SendProof(ours.appendTo(buf[:0])); err != nil {
+			why = fmt.Errorf("%w: send the proof: %w", ErrPathUnproven, err)
+		}
+	}
+	p.answered, p.why = true, why
+	if why != nil {
+		// Nothing more reaches the QP the proof came over, and the client learns at
+		// once. Not on this goroutine: the poller would wait for itself.
+		go conn.Abandon()
+	}
+}
+
+// outcome ends the answer's window and returns whether the client's proof bound and
+// ours is on its way, or why not (nil when no proof arrived, and the Conn has not
+// failed).
+func (p *proofAnswer) outcome() (proven bool, why error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.decided = true
+	if p.answered {
+		return p.why == nil, p.why
+	}
+	select {
+	case <-p.conn.ProofDone(): // the Conn failed before a proof, which answer is not told of
+		_, why = serverCheck(p.conn, p.client, p.server)
+	default:
+	}
+	return false, why
 }
 
 // serverCheck reads the client's proof off conn and checks that it binds to the
