@@ -45,6 +45,12 @@ type QP struct {
 
 	sq sendQueue
 	rq recvQueue
+
+	// Storage for the queues' scratch buffer and local-buffer vectors, used when the
+	// QP's capacities fit it (CreateQP), so that a QP of the usual shape allocates
+	// less.
+	scratchBuf [DefaultMaxInline]byte
+	vecBuf     [4][]byte
 }
 
 // sendQueue is the requester side of a QP. Everything in it is guarded by mu.
@@ -169,9 +175,16 @@ func (p *PD) CreateQP(attr verbs.QPInitAttr) (verbs.QP, error) {
 	nsq, nrq := c.MaxSendWR*c.MaxSendSGE, c.MaxRecvWR*c.MaxRecvSGE
 	sges := make([]verbs.SGE, nsq+nrq)
 	q.sq.sges, q.rq.sges = sges[:nsq:nsq], sges[nsq:]
-	q.sq.scratch = make([]byte, c.MaxInlineData)
+	if c.MaxInlineData <= len(q.scratchBuf) {
+		q.sq.scratch = q.scratchBuf[:c.MaxInlineData:c.MaxInlineData]
+	} else {
+		q.sq.scratch = make([]byte, c.MaxInlineData)
+	}
 	vsq, vrq := max(c.MaxSendSGE, 1), max(c.MaxRecvSGE, 1)
-	vec := make([][]byte, vsq+vrq)
+	vec := q.vecBuf[:]
+	if vsq+vrq > len(vec) {
+		vec = make([][]byte, vsq+vrq)
+	}
 	q.sq.vec, q.rq.vec = vec[:0:vsq], vec[vsq:vsq]
 	q.timer = time.AfterFunc(time.Hour, q.runSQ)
 	q.timer.Stop()
