@@ -97,8 +97,8 @@ type Conn struct {
 	closeOnce sync.Once
 	startOnce sync.Once
 	closeErr  error
-	ctrlDone  chan struct{} // the control reader has exited
-	ctrlBuf   [16]byte      // the control reader's buffer (conn_close.go)
+	ctrlDone  sync.WaitGroup // counts the control reader while it runs
+	ctrlBuf   [16]byte       // the control reader's buffer (conn_close.go)
 	keepalive *time.Timer
 	kaPeriod  time.Duration
 
@@ -173,7 +173,6 @@ func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) 
 		writable:     make(chan struct{}, 1),
 		drained:      make(chan struct{}, 1),
 		closed:       make(chan struct{}),
-		ctrlDone:     make(chan struct{}),
 		kaPeriod:     keepalive,
 		proof:        proofState{done: make(chan struct{})},
 		proofSlot:    ep.ring.Bytes()[ep.opts.RingSize+mailboxProof:][:ProofMaxLen],
@@ -181,8 +180,6 @@ func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) 
 	if ep.opts.grows() {
 		c.growTo = ep.opts.GrowRingTo
 	}
-	c.rdl.init()
-	c.wdl.init()
 	if err := ep.poller.attach(c.qp.QPN(), c); err != nil {
 		return nil, err
 	}
@@ -196,6 +193,7 @@ func (c *Conn) Start() {
 		c.mu.Lock()
 		c.started = true
 		c.mu.Unlock()
+		c.ctrlDone.Add(1)
 		go c.readControl()
 		if c.kaPeriod > 0 {
 			c.mu.Lock()
@@ -244,8 +242,12 @@ func (c *Conn) SetDeadline(t time.Time) error {
 	if err := c.closedErr("set deadline"); err != nil { // conn_close.go
 		return err
 	}
-	c.rdl.set(t)
-	c.wdl.set(t)
+	if c.rdl.set(t) {
+		signal(c.readable) // a Read waiting on no deadline: wait on this one
+	}
+	if c.wdl.set(t) {
+		signal(c.writable)
+	}
 	return nil
 }
 
@@ -254,7 +256,9 @@ func (c *Conn) SetReadDeadline(t time.Time) error {
 	if err := c.closedErr("set read deadline"); err != nil {
 		return err
 	}
-	c.rdl.set(t)
+	if c.rdl.set(t) {
+		signal(c.readable) // a Read waiting on no deadline: wait on this one
+	}
 	return nil
 }
 
@@ -263,7 +267,9 @@ func (c *Conn) SetWriteDeadline(t time.Time) error {
 	if err := c.closedErr("set write deadline"); err != nil {
 		return err
 	}
-	c.wdl.set(t)
+	if c.wdl.set(t) {
+		signal(c.writable) // a Write waiting on no deadline: wait on this one
+	}
 	return nil
 }
 
@@ -271,16 +277,17 @@ func (c *Conn) SetWriteDeadline(t time.Time) error {
 // closed when the time passes, and replaced when the deadline moves into the future.
 // Reads and Writes check it with one atomic load; only set takes the mutex.
 //
-// The channel is held in an atomic.Value rather than behind an atomic.Pointer: a
-// channel is pointer-shaped, so storing one boxes nothing, and a renewal allocates the
-// channel alone (a connection's setup makes two).
+// The channel is made when a deadline is first set: until then wait returns nil, a
+// channel that never fires, so that a connection whose deadlines are never set makes
+// none. A wait that began on nil is woken by the caller of set when set reports that it
+// made the channel (see Conn.SetReadDeadline). The channel is held in an atomic.Value
+// rather than behind an atomic.Pointer: a channel is pointer-shaped, so storing one
+// boxes nothing.
 type deadline struct {
 	mu      sync.Mutex
 	timer   *time.Timer
-	expired atomic.Value // chan struct{}
+	expired atomic.Value // chan struct{}, once set made one
 }
-
-func (d *deadline) init() { d.renew() }
 
 // renew installs a fresh, open channel. Called with mu held (or before use).
 func (d *deadline) renew() chan struct{} {
@@ -289,8 +296,10 @@ func (d *deadline) renew() chan struct{} {
 	return ch
 }
 
-// set moves the deadline to t; the zero time means none.
-func (d *deadline) set(t time.Time) {
+// set moves the deadline to t; the zero time means none. It reports whether it made
+// the deadline's first channel: waits that began before, on none, must then be woken
+// to wait on it.
+func (d *deadline) set(t time.Time) (made bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.timer != nil {
@@ -305,7 +314,10 @@ func (d *deadline) set(t time.Time) {
 		if closed {
 			d.renew()
 		}
-		return
+		return false
+	}
+	if ch == nil {
+		ch, made = d.renew(), true
 	}
 	if dur := time.Until(t); dur > 0 {
 		if closed {
@@ -323,15 +335,20 @@ func (d *deadline) set(t time.Time) {
 			d.mu.Unlock()
 		})
 		d.timer = timer
-		return
+		return made
 	}
 	if !closed {
 		close(ch)
 	}
+	return made
 }
 
-// wait returns a channel closed when the deadline passes.
-func (d *deadline) wait() chan struct{} { return d.expired.Load().(chan struct{}) }
+// wait returns a channel closed when the deadline passes, or nil (never ready) while no
+// deadline was ever set.
+func (d *deadline) wait() chan struct{} {
+	ch, _ := d.expired.Load().(chan struct{})
+	return ch
+}
 
 func isClosed(ch chan struct{}) bool {
 	select {

@@ -96,8 +96,8 @@ func (c *Conn) close() error {
 	c.mu.Unlock()
 
 	err := ignoreClosed(c.ctrl.Close())
-	c.startOnce.Do(func() { close(c.ctrlDone) }) // never started: no reader to wait for
-	<-c.ctrlDone
+	c.startOnce.Do(func() {}) // never started: no reader to wait for, and none to start
+	c.ctrlDone.Wait()
 	c.mu.Lock()
 	if c.graceTimer != nil {
 		c.graceTimer.Stop()
@@ -196,7 +196,7 @@ func (c *Conn) drain() error {
 // with keepalives on, and once the peer has sent one, three silent periods are a
 // timeout.
 func (c *Conn) readControl() {
-	defer close(c.ctrlDone)
+	defer c.ctrlDone.Done()
 	buf := &c.ctrlBuf // in the Conn: a local array would escape into ctrl.Read
 	peerKeepsAlive := false
 	for {
