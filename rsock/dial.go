@@ -180,16 +180,15 @@ func bindDeadline(ctx context.Context, conn net.Conn, timeout time.Duration) bou
 		deadline = d
 	}
 	conn.SetDeadline(deadline)
-	b := boundDeadline{ctx: ctx, conn: conn}
 	if ctx.Done() == nil {
-		return b
+		return boundDeadline{ctx: ctx, conn: conn}
 	}
-	b.fired = make(chan struct{})
-	b.stopAfter = context.AfterFunc(ctx, func() {
+	fired := make(chan struct{})
+	stopAfter := context.AfterFunc(ctx, func() {
 		conn.SetDeadline(aLongTimeAgo)
-		close(b.fired)
+		close(fired)
 	})
-	return b
+	return boundDeadline{ctx: ctx, conn: conn, stopAfter: stopAfter, fired: fired}
 }
 
 // boundDeadline is a connection's deadline bound to a context by bindDeadline.
