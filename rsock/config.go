@@ -187,7 +187,10 @@ type Config struct {
 	// address, and all of them. MaxRegisteredMemoryPerRemote and
 	// MaxRegisteredMemoryPerListener bound the bytes of memory the Listener registers
 	// (pins) for them, the same way. They are counted from the moment a client's offer
-	// is answered, before the client has proven anything, until the connection closes.
+	// is answered, before the client has proven anything, until the connection closes;
+	// on a warm device, from the moment the connection is accepted (the Listener
+	// prepares its side while the offer is on its way), until the handshake ends for a
+	// client that does not upgrade.
 	// A connection past a limit falls back to its bootstrap transport, both sides with
 	// a reason matching [ErrResourcesExhausted] that names the limit and its figure
 	// (the client's through the server's decline). A remote address is the client's

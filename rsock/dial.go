@@ -129,12 +129,13 @@ func (d *Dialer) DialRsock(ctx context.Context, network, address string) (*Conn,
 // does; a handshake that runs out of time returns an error matching
 // os.ErrDeadlineExceeded, whichever step it was in.
 func clientHandshake(ctx context.Context, d *dialState) (*Conn, error) {
-	stop := bindDeadline(ctx, d.boot, d.cfg.HandshakeTimeout)
-	hctx, cancel := context.WithTimeout(ctx, d.cfg.HandshakeTimeout)
+	bound := bindDeadline(ctx, d.boot, d.cfg.HandshakeTimeout)
+	hctx := &d.hctx // context.WithTimeout's, without a timer unless something waits on it
+	hctx.init(ctx, time.Now().Add(d.cfg.HandshakeTimeout))
 	c, err := d.handshake(hctx)
 	timedOut := hctx.Err() != nil && ctx.Err() == nil
-	cancel()
-	if cerr := stop(); cerr != nil {
+	hctx.release()
+	if cerr := bound.stop(); cerr != nil {
 		err = cerr // the handshake was cut short, or finished just as ctx ended
 	}
 	if err != nil && timedOut && errors.Is(err, context.DeadlineExceeded) {
@@ -171,26 +172,41 @@ func (d *dialState) handshake(ctx context.Context) (*Conn, error) {
 // bindDeadline sets conn's deadline to the earlier of ctx's deadline and timeout from
 // now, and to the past when ctx ends before stop is called. stop clears the deadline;
 // it returns ctx's error if ctx ended first, in which case the deadline is left in the
-// past and conn must not be used.
-func bindDeadline(ctx context.Context, conn net.Conn, timeout time.Duration) (stop func() error) {
+// past and conn must not be used. A ctx that cannot end (Done returns nil, as
+// context.Background's does) costs no watcher.
+func bindDeadline(ctx context.Context, conn net.Conn, timeout time.Duration) boundDeadline {
 	deadline := time.Now().Add(timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
 	conn.SetDeadline(deadline)
+	if ctx.Done() == nil {
+		return boundDeadline{ctx: ctx, conn: conn}
+	}
 	fired := make(chan struct{})
 	stopAfter := context.AfterFunc(ctx, func() {
 		conn.SetDeadline(aLongTimeAgo)
 		close(fired)
 	})
-	return func() error {
-		if !stopAfter() {
-			<-fired
-			return ctx.Err()
-		}
-		conn.SetDeadline(time.Time{})
-		return nil
+	return boundDeadline{ctx: ctx, conn: conn, stopAfter: stopAfter, fired: fired}
+}
+
+// boundDeadline is a connection's deadline bound to a context by bindDeadline.
+type boundDeadline struct {
+	ctx       context.Context
+	conn      net.Conn
+	stopAfter func() bool   // nil when ctx cannot end
+	fired     chan struct{} // closed once ctx's end has set the deadline in the past
+}
+
+// stop unbinds the deadline: see bindDeadline.
+func (b boundDeadline) stop() error {
+	if b.stopAfter != nil && !b.stopAfter() {
+		<-b.fired
+		return b.ctx.Err()
 	}
+	b.conn.SetDeadline(time.Time{})
+	return nil
 }
 
 // aLongTimeAgo is a deadline in the past: setting it wakes blocked calls.

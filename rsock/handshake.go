@@ -36,8 +36,9 @@ func (l *Listener) handshake(raw bootConn, transport string) (*Conn, error) {
 			return c, nil
 		}
 	}
-	ctx, cancel := context.WithDeadline(l.ctx, deadline)
-	defer cancel()
+	ctx := &handshakeCtx{} // context.WithDeadline's, without a timer unless something waits on it
+	ctx.init(l.ctx, deadline)
+	defer ctx.release()
 	raw.SetDeadline(deadline)
 	c, err := l.answer(ctx, raw, transport, &hr)
 	if err != nil {
@@ -52,6 +53,9 @@ var testHookSniffed func(isHello bool)
 
 // answer reads the client's offer (its first bytes may already be in hr) and answers it.
 func (l *Listener) answer(ctx context.Context, raw bootConn, transport string, hr *helloReader) (*Conn, error) {
+	a := &acceptState{cfg: l.cfg, boot: raw, transport: transport, budget: l.budget.forRemote(raw.RemoteAddr())}
+	a.prepareEarly(ctx) // upgrade.go: on a warm device, while the offer is on its way
+	defer a.abortEarly()
 	h, err := hr.read(raw)
 	switch {
 	case errors.Is(err, ErrVersionMismatch) && h.kind == helloOffer:
@@ -68,7 +72,6 @@ func (l *Listener) answer(ctx context.Context, raw bootConn, transport string, h
 
 	var reason error = &FallbackError{Err: ErrPeerOfferedNone}
 	if h.offersRDMA() {
-		a := &acceptState{cfg: l.cfg, boot: raw, transport: transport, budget: l.budget.forRemote(raw.RemoteAddr())}
 		up, err := a.acceptRDMA(ctx, &h)
 		switch {
 		case err != nil:

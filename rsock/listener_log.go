@@ -44,8 +44,11 @@ func (l *Listener) logAccepted(c *Conn) {
 
 // defaultLogger is the Logger of a Config that sets none: the process's [slog.Default]
 // at the moment of each record (so a later slog.SetDefault is followed), passing only
-// WARN and above. See [Config.Logger] for why.
-func defaultLogger() *slog.Logger { return slog.New(warnDefault{}) }
+// WARN and above. See [Config.Logger] for why. It is one Logger for every Config: it
+// holds no state of its own, and a dial need not make one.
+func defaultLogger() *slog.Logger { return warnDefaultLogger }
+
+var warnDefaultLogger = slog.New(warnDefault{})
 
 // warnDefault is a slog.Handler that hands records of level WARN and above to
 // slog.Default's handler. attrs and groups, set by WithAttrs and WithGroup, are applied

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"sync"
 	"time"
 
 	"github.com/rsockio/rsock/rsock/internal/rdma"
@@ -94,6 +95,8 @@ type dialState struct {
 	// allocates the state once rather than each buffer.
 	out [helloMaxLen]byte
 	in  helloReader
+	// hctx is the handshake's context (clientHandshake), here for the same reason.
+	hctx handshakeCtx
 }
 
 // sendMagic sends the hello's first bytes, its magic, before the device preparation,
@@ -228,7 +231,7 @@ func proveClient(ctx context.Context, conn *rdma.Conn, mine *proof) (peer proof,
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
-	case <-ctx.Done():
+	case <-parentDone(ctx): // the handshake's own deadline is later than t's
 		return proof{}, nil, fmt.Errorf("prove the rdma path: %w", ctx.Err())
 	case <-t.C:
 		return proof{}, fmt.Errorf("%w: no RDMA message from the peer within %v: is RoCE (UDP 4791) blocked or routed elsewhere?", ErrPathUnproven, wait.Round(time.Millisecond)), nil
@@ -256,6 +259,59 @@ type acceptState struct {
 	// budget is charged for the endpoint: the Listener's, seen from the client's
 	// address (limits.go).
 	budget rdma.Budget
+
+	// What prepareEarly made, until acceptRDMA takes it (early then turns false) or
+	// abortEarly releases it.
+	early    bool
+	earlyEP  *rdma.Endpoint
+	earlyWhy error // prepareEndpoint's reason
+	earlyErr error // prepareEndpoint's error
+
+	ans proofAnswer // the answer to the client's proof (acceptRDMA)
+}
+
+// prepareEarly prepares this side's endpoint before the client's offer is read, when
+// the device is warm (rdma.Warm: no listing, no opening, only the connection's own
+// verbs calls), so that the preparation overlaps the client's own and the offer's
+// journey instead of following them. An endpoint prepared for a client that then
+// offers no RDMA is released by abortEarly; meanwhile it is charged to the client's
+// budget as any endpoint is, for no longer than the handshake. On a cold device, or
+// where this side could not offer RDMA anyway, nothing is prepared ahead: a Listener
+// whose clients never upgrade keeps its device cold and never pays for it. Nor for a
+// client on this host, which may offer shared memory instead (sameHostProvider).
+func (a *acceptState) prepareEarly(ctx context.Context) {
+	if a.cfg.sameHostProvider(a.boot) != nil {
+		return
+	}
+	p, err := a.cfg.provider()
+	if err != nil {
+		return
+	}
+	ip, ok := localIP(a.boot)
+	if !ok || !rdma.Warm(p, ip, a.cfg.rdmaOptions()) {
+		return
+	}
+	a.early = true
+	a.earlyEP, a.earlyWhy, a.earlyErr = prepareEndpoint(ctx, a.cfg, a.boot, a.budget, nil)
+}
+
+// endpoint returns the endpoint prepareEarly made, handing it over, or prepares one:
+// see prepareEndpoint.
+func (a *acceptState) endpoint(ctx context.Context) (ep *rdma.Endpoint, reason, err error) {
+	if !a.early {
+		return prepareEndpoint(ctx, a.cfg, a.boot, a.budget, nil)
+	}
+	ep, reason, err = a.earlyEP, a.earlyWhy, a.earlyErr
+	a.early, a.earlyEP = false, nil
+	return ep, reason, err
+}
+
+// abortEarly releases the endpoint prepareEarly made, if nobody took it.
+func (a *acceptState) abortEarly() {
+	if a.earlyEP != nil {
+		a.earlyEP.Abort()
+		a.earlyEP = nil
+	}
 }
 
 // confirmation is what the client's confirmation byte read brought.
@@ -265,7 +321,7 @@ type confirmation struct {
 }
 
 // acceptRDMA answers a client's offer that carries an RDMA endpoint. To upgrade, it
-// prepares this side's endpoint, connects its QP to the client's, sends an accept
+// prepares this side's endpoint (or takes the one prepareEarly made), connects its QP to the client's, sends an accept
 // carrying it, answers the client's proof with its own and waits for the client's
 // confirmation.
 func (a *acceptState) acceptRDMA(ctx context.Context, offer *hello) (upgrade, error) {
@@ -275,7 +331,13 @@ func (a *acceptState) acceptRDMA(ctx context.Context, offer *hello) (upgrade, er
 			return upgrade{reason: &FallbackError{Err: errSHMDisabled}}, nil
 		}
 	}
-	ep, reason, err := prepareEndpoint(ctx, a.cfg, a.boot, a.budget, shm)
+	var ep *rdma.Endpoint
+	var reason, err error
+	if shm != nil {
+		ep, reason, err = prepareEndpoint(ctx, a.cfg, a.boot, a.budget, shm)
+	} else {
+		ep, reason, err = a.endpoint(ctx)
+	}
 	if err != nil {
 		return upgrade{}, err
 	}
@@ -289,6 +351,15 @@ func (a *acceptState) acceptRDMA(ctx context.Context, offer *hello) (upgrade, er
 	}
 	mine := ep.Offer()
 	accept := endpointOf(mine, newNonce())
+	// The client's proof is answered where it arrives, on the engine's poller
+	// (answerProof), and the confirmation is read here meanwhile: a client that gives
+	// up says so at once, and the confirmation that follows our proof wakes this
+	// goroutine directly. The read ends with the handshake's deadline at the latest
+	// (or when the Listener closes the connection).
+	ans := &a.ans
+	ans.conn, ans.client, ans.server = conn, offer.rdma.Nonce, accept.Nonce
+	ans.ringRKey, ans.ringAddr = mine.RingRKey, mine.RingAddr
+	conn.OnProof(func() { a.ans.answer() })
 	ah := acceptHello(accept)
 	if shm != nil {
 		ah.caps |= capSHM
@@ -297,47 +368,13 @@ func (a *acceptState) acceptRDMA(ctx context.Context, offer *hello) (upgrade, er
 		conn.Abandon()
 		return upgrade{}, fmt.Errorf("send hello: %w", err)
 	}
-
-	// The confirmation is read while the proof is awaited: a client that gives up
-	// says so at once. The read ends with the handshake's deadline at the latest, and
-	// is always waited for.
-	confirmed := make(chan confirmation, 1)
-	go func() {
-		var b [1]byte
-		_, err := io.ReadFull(a.boot, b[:])
-		confirmed <- confirmation{b[0], err}
-	}()
-	var (
-		c      confirmation
-		peer   proof
-		proven bool  // the client's proof bound, and ours is on its way
-		why    error // why the client's proof did not bind, or was not answered
-	)
-	select {
-	case <-ctx.Done():
-		a.boot.SetReadDeadline(aLongTimeAgo)
-		<-confirmed
-		conn.Abandon()
-		return upgrade{}, fmt.Errorf("prove the rdma path: %w", ctx.Err())
-	case c = <-confirmed:
-	case <-conn.ProofDone():
-		peer, why = serverCheck(conn, offer.rdma.Nonce, accept.Nonce)
-		if why == nil {
-			// The client writes as soon as it has confirmed, and our engine may answer
-			// what arrives (credit, a ring resize) before the confirmation reaches us:
-			// it must know the client's ring from now on.
-			conn.SetPeerRing(peer.ringAddr, peer.ringRKey)
-			ours := proof{role: roleServer, client: offer.rdma.Nonce, server: accept.Nonce, ringRKey: mine.RingRKey, ringAddr: mine.RingAddr}
-			var buf [proofLen]byte // SendProof copies it
-			if err := conn.SendProof(ours.appendTo(buf[:0])); err != nil {
-				why = fmt.Errorf("%w: send the proof: %w", ErrPathUnproven, err)
-			}
-		}
-		if proven = why == nil; !proven {
-			conn.Abandon() // nothing more reaches the QP the proof came over
-		}
-		c = <-confirmed
-	}
+	var b [1]byte
+	_, err = io.ReadFull(a.boot, b[:])
+	c := confirmation{b[0], err}
+	// A confirmReady follows our proof, so its answer is recorded by then (or being
+	// recorded: outcome waits for it); on anything else the QP is abandoned below,
+	// whatever the answer.
+	proven, why := ans.outcome()
 	switch {
 	case c.err != nil:
 		conn.Abandon()
@@ -367,6 +404,71 @@ func (a *acceptState) acceptRDMA(ctx context.Context, offer *hello) (upgrade, er
 	}
 	conn.Abandon()
 	return upgrade{}, fmt.Errorf("%w: confirmation byte %#x", ErrBadHello, c.b)
+}
+
+// proofAnswer is the server's answer to the client's proof: answer runs on the
+// engine's poller when the proof arrives, outcome on the handshake's goroutine once the
+// confirmation is read.
+type proofAnswer struct {
+	// Set before the proof can arrive: the QP, both hellos' nonces, our ring.
+	conn           *rdma.Conn
+	client, server nonce
+	ringRKey       uint32
+	ringAddr       uint64
+
+	mu       sync.Mutex
+	decided  bool  // outcome was called: a proof arriving later is not answered
+	answered bool  // answer ran
+	why      error // why the client's proof did not bind, or was not answered
+}
+
+// answer checks the client's proof and, if it binds to this connection's hellos
+// (nonces client and server), tells the engine the client's ring and sends our proof,
+// revealing our ring; if not, it abandons the QP, from a goroutine of its own. It does
+// not block: it runs on the engine's poller ([rdma.Conn.OnProof]).
+func (p *proofAnswer) answer() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.decided {
+		return
+	}
+	conn := p.conn
+	peer, why := serverCheck(conn, p.client, p.server)
+	if why == nil {
+		// The client writes as soon as it has confirmed, and our engine may answer
+		// what arrives (credit, a ring resize) before the confirmation reaches us: it
+		// must know the client's ring from now on.
+		conn.SetPeerRing(peer.ringAddr, peer.ringRKey)
+		ours := proof{role: roleServer, client: p.client, server: p.server, ringRKey: p.ringRKey, ringAddr: p.ringAddr}
+		var buf [proofLen]byte // SendProof copies it
+		if err := conn.SendProof(ours.appendTo(buf[:0])); err != nil {
+			why = fmt.Errorf("%w: send the proof: %w", ErrPathUnproven, err)
+		}
+	}
+	p.answered, p.why = true, why
+	if why != nil {
+		// Nothing more reaches the QP the proof came over, and the client learns at
+		// once. Not on this goroutine: the poller would wait for itself.
+		go conn.Abandon()
+	}
+}
+
+// outcome ends the answer's window and returns whether the client's proof bound and
+// ours is on its way, or why not (nil when no proof arrived, and the Conn has not
+// failed).
+func (p *proofAnswer) outcome() (proven bool, why error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.decided = true
+	if p.answered {
+		return p.why == nil, p.why
+	}
+	select {
+	case <-p.conn.ProofDone(): // the Conn failed before a proof, which answer is not told of
+		_, why = serverCheck(p.conn, p.client, p.server)
+	default:
+	}
+	return false, why
 }
 
 // serverCheck reads the client's proof off conn and checks that it binds to the
@@ -435,6 +537,12 @@ func prepareEndpoint(ctx context.Context, cfg *Config, boot bootConn, budget rdm
 // remote address is the local one.
 func localIP(c bootConn) (netip.Addr, bool) {
 	addrOf := func(a net.Addr) netip.Addr {
+		switch a := a.(type) { // the common cases, without formatting and parsing
+		case *net.TCPAddr:
+			return a.AddrPort().Addr().Unmap()
+		case *net.UDPAddr:
+			return a.AddrPort().Addr().Unmap()
+		}
 		if ap, err := netip.ParseAddrPort(a.String()); err == nil {
 			return ap.Addr().Unmap()
 		}

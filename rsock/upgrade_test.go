@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -483,6 +484,118 @@ func TestUpgradeTrafficClass(t *testing.T) {
 				}
 			}
 			exchange(t, c, s, "in a lossless class")
+		})
+	}
+}
+
+// TestLocalIP checks the address the RDMA device is chosen by, for the address types
+// the bootstrap connections have (TCP, UDP for QUIC) and one it parses from text.
+func TestLocalIP(t *testing.T) {
+	tests := []struct {
+		name          string
+		local, remote net.Addr
+		want          netip.Addr
+		wantOK        bool
+	}{
+		{name: "tcp", local: &net.TCPAddr{IP: net.IPv4(10, 0, 0, 1), Port: 7}, remote: &net.TCPAddr{IP: net.IPv4(10, 0, 0, 2)},
+			want: netip.MustParseAddr("10.0.0.1"), wantOK: true},
+		{name: "tcp6", local: &net.TCPAddr{IP: net.ParseIP("fe80::1"), Zone: "eth0"}, remote: &net.TCPAddr{IP: net.ParseIP("fe80::2")},
+			want: netip.MustParseAddr("fe80::1%eth0"), wantOK: true},
+		{name: "udp wildcard, loopback peer", local: &net.UDPAddr{IP: net.IPv4zero, Port: 9}, remote: &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)},
+			want: netip.MustParseAddr("127.0.0.1"), wantOK: true},
+		{name: "udp wildcard, remote peer", local: &net.UDPAddr{IP: net.IPv6unspecified}, remote: &net.UDPAddr{IP: net.IPv4(10, 0, 0, 2)}},
+		{name: "other type", local: textAddr("192.0.2.1:80"), remote: textAddr("192.0.2.2:80"),
+			want: netip.MustParseAddr("192.0.2.1"), wantOK: true},
+		{name: "unparsable", local: textAddr("pipe"), remote: textAddr("pipe")},
+	}
+	for _, tt := range tests {
+		got, ok := localIP(addrConn{local: tt.local, remote: tt.remote})
+		require.Equal(t, tt.wantOK, ok, "localIP(%v, %v) found an address", tt.local, tt.remote)
+		require.Equal(t, tt.want, got, "localIP(%v, %v)", tt.local, tt.remote)
+	}
+}
+
+// addrConn is a bootConn that has addresses only.
+type addrConn struct {
+	bootConn
+	local, remote net.Addr
+}
+
+func (c addrConn) LocalAddr() net.Addr  { return c.local }
+func (c addrConn) RemoteAddr() net.Addr { return c.remote }
+
+// textAddr is a net.Addr of another type than TCP's and UDP's.
+type textAddr string
+
+func (a textAddr) Network() string { return "text" }
+func (a textAddr) String() string  { return string(a) }
+
+// TestPrepareEarly checks the server's endpoint prepared before the offer is read
+// (acceptState.prepareEarly): on a warm device, a connection that has sent nothing yet
+// already holds one queue pair, charged to its remote address; whatever the client
+// then does (offer no RDMA, close, offer RDMA and upgrade), nothing of it is left
+// once the handshake is over, beyond the upgraded connection's own.
+func TestPrepareEarly(t *testing.T) {
+	tests := []struct {
+		name    string
+		client  func(t *testing.T, raw net.Conn)
+		upgrade bool // the client upgrades: one QP stays, the server's Conn's
+	}{
+		{name: "offer without RDMA", client: func(t *testing.T, raw net.Conn) {
+			require.NoError(t, writeHello(raw, offerHello(nil)))
+			var hr helloReader
+			h, err := hr.read(raw)
+			require.NoError(t, err)
+			require.Equal(t, helloDecline, h.kind, "the server's answer to an offer without RDMA")
+		}},
+		{name: "close before the offer", client: func(t *testing.T, raw net.Conn) {
+			require.NoError(t, raw.Close())
+		}},
+		{name: "offer RDMA", upgrade: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fab := soft.New(soft.Options{})
+			scfg, ccfg := rdmaConfigs(t, FallbackTCP, fab)
+			ln := listen(t, scfg)
+			c, s := pipe(t, ln, ccfg) // the device warms up
+			require.Equal(t, TransportRDMA, c.Transport(), "warming connection: %v", c.FallbackReason())
+			c.Close()
+			s.Close()
+			require.Eventually(t, func() bool { return fab.Stats().QPs == 0 }, 10*time.Second, time.Millisecond, "the warming connection's QPs")
+
+			raw, err := net.Dial("tcp", ln.Addr().String())
+			require.NoError(t, err)
+			defer raw.Close()
+			key, _ := remoteKey(raw.LocalAddr())
+			require.Eventually(t, func() bool { return fab.Stats().QPs == 1 }, 10*time.Second, time.Millisecond,
+				"a QP prepared before the offer arrives")
+			total, remote, _ := ln.budget.held(key)
+			require.Equal(t, 1, total.qps, "QPs charged to the listener before the offer")
+			require.Equal(t, total, remote, "charged to the remote address %v", key)
+
+			wantQPs := 0
+			if tt.upgrade {
+				// A client that offers RDMA gets the endpoint prepared for it: the
+				// connection upgrades and holds one QP per end, no more.
+				c, err := Dial("tcp", ln.Addr().String(), ccfg)
+				require.NoError(t, err)
+				defer c.Close()
+				s, err := ln.AcceptRsock()
+				require.NoError(t, err)
+				defer s.Close()
+				require.Equal(t, TransportRDMA, c.Transport(), "upgrade: %v", c.FallbackReason())
+				require.NoError(t, raw.Close()) // the raw connection's early endpoint goes too
+				wantQPs = 2
+			} else {
+				tt.client(t, raw)
+			}
+			require.Eventually(t, func() bool { return fab.Stats().QPs == wantQPs }, 10*time.Second, time.Millisecond,
+				"QPs once the handshakes are over: %+v", fab.Stats())
+			require.Eventually(t, func() bool {
+				total, _, _ := ln.budget.held(key)
+				return total.qps == wantQPs/2
+			}, 10*time.Second, time.Millisecond, "QPs charged once the handshakes are over")
 		})
 	}
 }

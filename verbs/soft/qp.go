@@ -45,6 +45,12 @@ type QP struct {
 
 	sq sendQueue
 	rq recvQueue
+
+	// Storage for the queues' scratch buffer and local-buffer vectors, used when the
+	// QP's capacities fit it (CreateQP), so that a QP of the usual shape allocates
+	// less.
+	scratchBuf [DefaultMaxInline]byte
+	vecBuf     [4][]byte
 }
 
 // sendQueue is the requester side of a QP. Everything in it is guarded by mu.
@@ -54,7 +60,7 @@ type sendQueue struct {
 	ring    []wqe // WRs not yet executed to completion, oldest at head
 	head, n int
 	sges    []verbs.SGE // SGL storage of the ring's WRs, caps.MaxSendSGE per slot
-	inline  []byte      // inline payload storage, caps.MaxInlineData per slot
+	inline  []byte      // inline payload storage, caps.MaxInlineData per slot; nil until a WR with one is queued
 	scratch []byte      // inline payload of the WR being posted
 	vec     [][]byte    // resolved local buffers of the WR being executed
 
@@ -161,13 +167,25 @@ func (p *PD) CreateQP(attr verbs.QPInitAttr) (verbs.QP, error) {
 	}
 	q := &QP{dev: d, pd: p, sendCQ: scq, recvCQ: rcq, caps: c, sigAll: attr.SignalAll}
 	q.sq.ring = make([]wqe, c.MaxSendWR)
-	q.sq.sges = make([]verbs.SGE, c.MaxSendWR*c.MaxSendSGE)
-	q.sq.inline = make([]byte, c.MaxSendWR*c.MaxInlineData)
-	q.sq.scratch = make([]byte, c.MaxInlineData)
-	q.sq.vec = make([][]byte, 0, max(c.MaxSendSGE, 1))
 	q.rq.ring = make([]rwqe, c.MaxRecvWR)
-	q.rq.sges = make([]verbs.SGE, c.MaxRecvWR*c.MaxRecvSGE)
-	q.rq.vec = make([][]byte, 0, max(c.MaxRecvSGE, 1))
+	// Storage of one type is made once and cut into capped parts, so that creating
+	// a QP allocates less: the SGLs of both queues, the local buffers of both queues'
+	// messages. The inline payloads of queued WRs get their storage when the first is
+	// queued (enqueueLocked): a WR posted to an idle queue runs at once, from scratch.
+	nsq, nrq := c.MaxSendWR*c.MaxSendSGE, c.MaxRecvWR*c.MaxRecvSGE
+	sges := make([]verbs.SGE, nsq+nrq)
+	q.sq.sges, q.rq.sges = sges[:nsq:nsq], sges[nsq:]
+	if c.MaxInlineData <= len(q.scratchBuf) {
+		q.sq.scratch = q.scratchBuf[:c.MaxInlineData:c.MaxInlineData]
+	} else {
+		q.sq.scratch = make([]byte, c.MaxInlineData)
+	}
+	vsq, vrq := max(c.MaxSendSGE, 1), max(c.MaxRecvSGE, 1)
+	vec := q.vecBuf[:]
+	if vsq+vrq > len(vec) {
+		vec = make([][]byte, vsq+vrq)
+	}
+	q.sq.vec, q.rq.vec = vec[:0:vsq], vec[vsq:vsq]
 	q.timer = time.AfterFunc(time.Hour, q.runSQ)
 	q.timer.Stop()
 	d.addQP(q)

@@ -173,6 +173,9 @@ func (q *QP) enqueueLocked(e *wqe) {
 		copy(s.sgl, e.sgl)
 	}
 	if e.inline != nil {
+		if q.sq.inline == nil {
+			q.sq.inline = make([]byte, len(q.sq.ring)*q.caps.MaxInlineData)
+		}
 		k := i * q.caps.MaxInlineData
 		s.inline = q.sq.inline[k : k+len(e.inline) : k+len(e.inline)]
 		copy(s.inline, e.inline)

@@ -363,3 +363,31 @@ func TestNotConnectedBack(t *testing.T) {
 	requireEmpty(t, b.rcq)
 	require.Equal(t, verbs.QPStateRTS, b.qp.State())
 }
+
+// TestQueuedInlineKeepsPayload checks that an inline WR that queues behind another
+// (here behind a delay) carries the payload it had when posted, whatever the source
+// buffer holds later: the queue's inline storage, made when the first such WR queues,
+// holds each slot's copy.
+func TestQueuedInlineKeepsPayload(t *testing.T) {
+	f := newFabric(t, soft.Options{Devices: 2})
+	a, b := connectPair(t, f, pairOpts{})
+	require.NoError(t, f.DelayQP(a.qp, time.Millisecond))
+	payloads := []string{"first inline", "second", "third, a bit longer"}
+	src := a.mr.Bytes()
+	for i, p := range payloads {
+		require.NoError(t, b.qp.PostRecv([]verbs.RecvWR{{ID: uint64(i)}}))
+		copy(src, p)
+		wr := writeImm(uint64(i), a.mr, b.mr, 0, len(p))
+		wr.RemoteAddr = b.mr.Addr() + uint64(64*i)
+		wr.Flags |= verbs.SendInline
+		require.NoError(t, a.qp.PostSend([]verbs.SendWR{wr}))
+		copy(src, "overwritten after the post")
+	}
+	for _, wc := range poll(t, b.rcq, len(payloads)) {
+		require.Equal(t, verbs.WCSuccess, wc.Status, "completion %d", wc.WRID)
+	}
+	for i, p := range payloads {
+		got := string(b.mr.Bytes()[64*i:][:len(p)])
+		require.Equal(t, p, got, "payload of inline write %d, queued behind a delay", i)
+	}
+}

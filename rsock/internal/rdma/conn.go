@@ -103,7 +103,8 @@ type Conn struct {
 	closeOnce sync.Once
 	startOnce sync.Once
 	closeErr  error
-	ctrlDone  chan struct{} // the control reader has exited
+	ctrlDone  sync.WaitGroup // counts the control reader while it runs
+	ctrlBuf   [16]byte       // the control reader's buffer (conn_close.go)
 	keepalive *time.Timer
 	kaPeriod  time.Duration
 
@@ -148,6 +149,12 @@ func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) 
 		return nil, err
 	}
 	depth := uint64(ep.opts.SendWQEs)
+	stageEnd := ep.stageEnd[:]
+	if depth <= uint64(len(stageEnd)) {
+		stageEnd = stageEnd[:depth] // in the Endpoint, which the Conn keeps
+	} else {
+		stageEnd = make([]uint64, depth)
+	}
 	c := &Conn{
 		ep:           ep,
 		qp:           ep.qp,
@@ -159,7 +166,7 @@ func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) 
 		peerRKey:     peer.RingRKey,
 		sqDepth:      depth,
 		signalEvery:  max(depth/4, 1),
-		stageEnd:     make([]uint64, depth),
+		stageEnd:     stageEnd,
 		stage:        ep.sendBuf.Bytes(),
 		stageKey:     ep.sendBuf.LKey(),
 		stageAddr:    ep.sendBuf.Addr(),
@@ -173,7 +180,6 @@ func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) 
 		writable:     make(chan struct{}, 1),
 		drained:      make(chan struct{}, 1),
 		closed:       make(chan struct{}),
-		ctrlDone:     make(chan struct{}),
 		kaPeriod:     keepalive,
 		proof:        proofState{done: make(chan struct{})},
 		proofSlot:    ep.ring.Bytes()[ep.opts.RingSize+mailboxProof:][:ProofMaxLen],
@@ -181,8 +187,6 @@ func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) 
 	if ep.opts.grows() {
 		c.growTo = ep.opts.GrowRingTo
 	}
-	c.rdl.init()
-	c.wdl.init()
 	if err := ep.poller.attach(c.qp.QPN(), c); err != nil {
 		return nil, err
 	}
@@ -196,6 +200,7 @@ func (c *Conn) Start() {
 		c.mu.Lock()
 		c.started = true
 		c.mu.Unlock()
+		c.ctrlDone.Add(1)
 		go c.readControl()
 		if c.kaPeriod > 0 {
 			c.mu.Lock()
@@ -244,8 +249,12 @@ func (c *Conn) SetDeadline(t time.Time) error {
 	if err := c.closedErr("set deadline"); err != nil { // conn_close.go
 		return err
 	}
-	c.rdl.set(t)
-	c.wdl.set(t)
+	if c.rdl.set(t) {
+		signal(c.readable) // a Read waiting on no deadline: wait on this one
+	}
+	if c.wdl.set(t) {
+		signal(c.writable)
+	}
 	return nil
 }
 
@@ -254,7 +263,9 @@ func (c *Conn) SetReadDeadline(t time.Time) error {
 	if err := c.closedErr("set read deadline"); err != nil {
 		return err
 	}
-	c.rdl.set(t)
+	if c.rdl.set(t) {
+		signal(c.readable) // a Read waiting on no deadline: wait on this one
+	}
 	return nil
 }
 
@@ -263,30 +274,39 @@ func (c *Conn) SetWriteDeadline(t time.Time) error {
 	if err := c.closedErr("set write deadline"); err != nil {
 		return err
 	}
-	c.wdl.set(t)
+	if c.wdl.set(t) {
+		signal(c.writable) // a Write waiting on no deadline: wait on this one
+	}
 	return nil
 }
 
 // deadline is a settable point in time that pending waits observe: its channel is
 // closed when the time passes, and replaced when the deadline moves into the future.
 // Reads and Writes check it with one atomic load; only set takes the mutex.
+//
+// The channel is made when a deadline is first set: until then wait returns nil, a
+// channel that never fires, so that a connection whose deadlines are never set makes
+// none. A wait that began on nil is woken by the caller of set when set reports that it
+// made the channel (see Conn.SetReadDeadline). The channel is held in an atomic.Value
+// rather than behind an atomic.Pointer: a channel is pointer-shaped, so storing one
+// boxes nothing.
 type deadline struct {
 	mu      sync.Mutex
 	timer   *time.Timer
-	expired atomic.Pointer[chan struct{}]
+	expired atomic.Value // chan struct{}, once set made one
 }
-
-func (d *deadline) init() { d.renew() }
 
 // renew installs a fresh, open channel. Called with mu held (or before use).
 func (d *deadline) renew() chan struct{} {
 	ch := make(chan struct{})
-	d.expired.Store(&ch)
+	d.expired.Store(ch)
 	return ch
 }
 
-// set moves the deadline to t; the zero time means none.
-func (d *deadline) set(t time.Time) {
+// set moves the deadline to t; the zero time means none. It reports whether it made
+// the deadline's first channel: waits that began before, on none, must then be woken
+// to wait on it.
+func (d *deadline) set(t time.Time) (made bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.timer != nil {
@@ -295,13 +315,16 @@ func (d *deadline) set(t time.Time) {
 		d.timer.Stop()
 		d.timer = nil
 	}
-	ch := *d.expired.Load()
+	ch := d.wait()
 	closed := isClosed(ch)
 	if t.IsZero() {
 		if closed {
 			d.renew()
 		}
-		return
+		return false
+	}
+	if ch == nil {
+		ch, made = d.renew(), true
 	}
 	if dur := time.Until(t); dur > 0 {
 		if closed {
@@ -313,21 +336,26 @@ func (d *deadline) set(t time.Time) {
 		var timer *time.Timer
 		timer = time.AfterFunc(dur, func() {
 			d.mu.Lock()
-			if d.timer == timer && *d.expired.Load() == ch && !isClosed(ch) {
+			if d.timer == timer && d.wait() == ch && !isClosed(ch) {
 				close(ch)
 			}
 			d.mu.Unlock()
 		})
 		d.timer = timer
-		return
+		return made
 	}
 	if !closed {
 		close(ch)
 	}
+	return made
 }
 
-// wait returns a channel closed when the deadline passes.
-func (d *deadline) wait() chan struct{} { return *d.expired.Load() }
+// wait returns a channel closed when the deadline passes, or nil (never ready) while no
+// deadline was ever set.
+func (d *deadline) wait() chan struct{} {
+	ch, _ := d.expired.Load().(chan struct{})
+	return ch
+}
 
 func isClosed(ch chan struct{}) bool {
 	select {

@@ -96,8 +96,8 @@ func (c *Conn) close() error {
 	c.mu.Unlock()
 
 	err := ignoreClosed(c.ctrl.Close())
-	c.startOnce.Do(func() { close(c.ctrlDone) }) // never started: no reader to wait for
-	<-c.ctrlDone
+	c.startOnce.Do(func() {}) // never started: no reader to wait for, and none to start
+	c.ctrlDone.Wait()
 	c.mu.Lock()
 	if c.graceTimer != nil {
 		c.graceTimer.Stop()
@@ -159,7 +159,14 @@ func (c *Conn) drain() error {
 	if c.linger < 0 {
 		return nil
 	}
-	var timeout <-chan time.Time
+	// The timer starts with the first wait and is stopped by one deferred call outside
+	// the loop: a defer inside it would be allocated on the heap.
+	var t *time.Timer
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+	}()
 	for {
 		c.mu.Lock()
 		delivered := c.finPosted && c.sqDone > c.finID
@@ -174,14 +181,12 @@ func (c *Conn) drain() error {
 		case failed != nil:
 			return fmt.Errorf("rdma: close: %d work requests (writes or the FIN) never acknowledged by the peer, so bytes Write accepted may be lost: %w", unacked, failed)
 		}
-		if timeout == nil {
-			t := time.NewTimer(c.linger)
-			defer t.Stop()
-			timeout = t.C
+		if t == nil {
+			t = time.NewTimer(c.linger)
 		}
 		select {
 		case <-c.drained:
-		case <-timeout:
+		case <-t.C:
 			return fmt.Errorf("rdma: close: the peer did not acknowledge the bytes written and the FIN within the linger time of %v: %w", c.linger, ErrLingerTimeout)
 		}
 	}
@@ -191,8 +196,8 @@ func (c *Conn) drain() error {
 // with keepalives on, and once the peer has sent one, three silent periods are a
 // timeout.
 func (c *Conn) readControl() {
-	defer close(c.ctrlDone)
-	var buf [16]byte
+	defer c.ctrlDone.Done()
+	buf := &c.ctrlBuf // in the Conn: a local array would escape into ctrl.Read
 	peerKeepsAlive := false
 	for {
 		c.mu.Lock()

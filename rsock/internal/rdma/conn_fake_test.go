@@ -105,11 +105,8 @@ func newFakeConn(t *testing.T, q *fakeQP) *Conn {
 		writable:     make(chan struct{}, 1),
 		drained:      make(chan struct{}, 1),
 		closed:       make(chan struct{}),
-		ctrlDone:     make(chan struct{}),
 		proof:        proofState{done: make(chan struct{})},
 	}
-	c.rdl.init()
-	c.wdl.init()
 	return c
 }
 

@@ -48,6 +48,8 @@ type proofState struct {
 	buf  [ProofMaxLen]byte
 	n    int
 	err  error
+	// arrived, if set (OnProof), is called once the proof has arrived.
+	arrived func()
 }
 
 // finishProofLocked records the outcome of the wait for the peer's proof, once. Called
@@ -63,7 +65,6 @@ func (c *Conn) finishProofLocked(n int, err error) {
 // onProof handles the completion of the proof WQE, on the poller's goroutine.
 func (c *Conn) onProof(wc *verbs.WorkCompletion) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	var err error
 	switch {
 	case wc.Status != verbs.WCSuccess:
@@ -76,10 +77,30 @@ func (c *Conn) onProof(wc *verbs.WorkCompletion) {
 	}
 	if err != nil {
 		c.failLocked(err)
+		c.mu.Unlock()
 		return
 	}
+	first := !c.proof.got // else the Conn failed first: ProofDone says so
 	n := copy(c.proof.buf[:], c.proofSlot[:wc.ByteLen])
 	c.finishProofLocked(n, nil)
+	arrived := c.proof.arrived
+	c.mu.Unlock()
+	if first && arrived != nil {
+		arrived()
+	}
+}
+
+// OnProof has f called once the peer's proof has arrived, on the goroutine that
+// received it (the poller's), after the Conn has recorded it and with no lock held, so
+// that the caller can answer the proof without a goroutine of its own woken to do it.
+// It is set before the peer can send its proof, and f is not called when the Conn
+// failed first ([Conn.ProofDone] and [Conn.Proof] say so either way). f must not
+// block, nor close or abandon the Conn (the poller is not to wait for itself): it may
+// call Proof, SetPeerRing and SendProof.
+func (c *Conn) OnProof(f func()) {
+	c.mu.Lock()
+	c.proof.arrived = f
+	c.mu.Unlock()
 }
 
 // SendProof posts p (at most ProofMaxLen bytes) to the peer as one signaled SEND, the
@@ -113,8 +134,11 @@ func (c *Conn) SendProof(p []byte) error {
 // failed before it; [Conn.Proof] then says which.
 func (c *Conn) ProofDone() <-chan struct{} { return c.proof.done }
 
-// Proof returns the peer's proof payload, a copy, once ProofDone is closed; before, or
-// when the Conn failed first, an error (matching ErrNoProof, and the failure).
+// Proof returns the peer's proof payload once ProofDone is closed; before, or when the
+// Conn failed first, an error (matching ErrNoProof, and the failure). The payload is
+// the Conn's own record, never written again once ProofDone is closed: the caller reads
+// it and must not modify it (returning it rather than a copy spares setup an
+// allocation).
 func (c *Conn) Proof() ([]byte, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -124,7 +148,7 @@ func (c *Conn) Proof() ([]byte, error) {
 	case c.proof.err != nil:
 		return nil, fmt.Errorf("%w: %w", ErrNoProof, c.proof.err)
 	}
-	return append([]byte(nil), c.proof.buf[:c.proof.n]...), nil
+	return c.proof.buf[:c.proof.n:c.proof.n], nil
 }
 
 // SetPeerRing sets the peer's ring address and key, which the caller learned from the

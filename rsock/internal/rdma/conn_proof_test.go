@@ -59,6 +59,12 @@ func TestProofArrival(t *testing.T) {
 			_, err := c.Proof()
 			require.ErrorIs(t, err, ErrNoProof, "before the completion")
 			copy(c.proofSlot, "hello")
+			var arrived []string // what OnProof's function read, once per call
+			c.OnProof(func() {
+				p, err := c.Proof() // no lock is held: this would deadlock otherwise
+				require.NoError(t, err, "Proof from OnProof's function")
+				arrived = append(arrived, string(p))
+			})
 			c.onCompletion(&tt.wc)
 			select {
 			case <-c.ProofDone():
@@ -67,6 +73,7 @@ func TestProofArrival(t *testing.T) {
 			}
 			p, err := c.Proof()
 			if tt.wantErr == nil {
+				require.Equal(t, []string{"hello"}, arrived, "OnProof's function calls")
 				require.NoError(t, err)
 				require.Equal(t, "hello", string(p))
 				require.NoError(t, connErr(c))
@@ -75,12 +82,30 @@ func TestProofArrival(t *testing.T) {
 				q.mu.Unlock()
 				return
 			}
+			require.Empty(t, arrived, "OnProof's function called for a failed proof")
 			require.ErrorIs(t, err, ErrNoProof)
 			require.ErrorIs(t, err, tt.wantErr)
 			require.ErrorIs(t, connErr(c), tt.wantErr)
 			require.Equal(t, 1, q.toError, "QP to ERROR")
 		})
 	}
+}
+
+// TestOnProofAfterFailure: a proof that completes after the Conn failed is not
+// reported to OnProof's function; ProofDone already said the wait is over.
+func TestOnProofAfterFailure(t *testing.T) {
+	const proofRecvID = recvWRFlag | proofRecvIndex
+	q := &fakeQP{}
+	c := newFakeConn(t, q)
+	calls := 0
+	c.OnProof(func() { calls++ })
+	c.mu.Lock()
+	c.failLocked(ErrQPFailed)
+	c.mu.Unlock()
+	c.onCompletion(&verbs.WorkCompletion{WRID: proofRecvID, Status: verbs.WCSuccess, Opcode: verbs.WCRecv, ByteLen: 5})
+	require.Zero(t, calls, "OnProof's function calls after a failure")
+	_, err := c.Proof()
+	require.ErrorIs(t, err, ErrNoProof)
 }
 
 // TestProofWaitEndsOnFailure: a Conn that fails before the proof (its own proof's SEND

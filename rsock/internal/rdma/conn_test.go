@@ -362,3 +362,48 @@ func TestDeadlinesOnFake(t *testing.T) {
 		}
 	}
 }
+
+// TestDeadlineSetDuringWait: a Read or Write blocked on a Conn whose deadlines were
+// never set waits on no deadline channel (none is made until a deadline is set); setting
+// the deadline then wakes it, and it returns os.ErrDeadlineExceeded.
+func TestDeadlineSetDuringWait(t *testing.T) {
+	tests := []struct {
+		name string
+		wait func(c *Conn) error // blocks: nothing arrives, nothing is acknowledged
+		set  func(c *Conn, t time.Time) error
+	}{
+		{name: "Read, SetReadDeadline",
+			wait: func(c *Conn) error { _, err := c.Read(make([]byte, 1)); return err },
+			set:  (*Conn).SetReadDeadline},
+		{name: "Read, SetDeadline",
+			wait: func(c *Conn) error { _, err := c.Read(make([]byte, 1)); return err },
+			set:  (*Conn).SetDeadline},
+		{name: "Write, SetWriteDeadline",
+			wait: func(c *Conn) error { _, err := c.Write(make([]byte, 4*fakeRing)); return err },
+			set:  (*Conn).SetWriteDeadline},
+		{name: "Write, SetDeadline",
+			wait: func(c *Conn) error { _, err := c.Write(make([]byte, 4*fakeRing)); return err },
+			set:  (*Conn).SetDeadline},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				c := newFakeConn(t, &fakeQP{})
+				require.Nil(t, c.rdl.wait(), "read deadline channel before any deadline")
+				require.Nil(t, c.wdl.wait(), "write deadline channel before any deadline")
+				errc := make(chan error, 1)
+				go func() { errc <- tt.wait(c) }()
+				synctest.Wait() // blocked, on no deadline
+				require.Empty(t, errc, "returned before its deadline was set")
+				require.NoError(t, tt.set(c, time.Now()))
+				synctest.Wait()
+				select {
+				case err := <-errc:
+					require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+				default:
+					t.Fatal("still blocked after its deadline was set to now")
+				}
+			})
+		})
+	}
+}

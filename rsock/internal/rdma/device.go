@@ -127,11 +127,13 @@ func acquireDevice(ctx context.Context, p verbs.Provider, ip netip.Addr, sel ver
 	d.refs++
 	devices.Unlock()
 
-	select {
-	case <-d.ready:
-	case <-ctx.Done():
-		d.release()
-		return nil, portPath{}, ctx.Err()
+	if !isClosed(d.ready) { // a warm device is ready: ctx.Done need not be made
+		select {
+		case <-d.ready:
+		case <-ctx.Done():
+			d.release()
+			return nil, portPath{}, ctx.Err()
+		}
 	}
 	if d.openErr != nil {
 		d.release()
@@ -209,6 +211,9 @@ func deviceAttrs(ctx context.Context, p verbs.Provider) ([]verbs.DeviceAttr, err
 		go l.run(p)
 	}
 	attrCache.Unlock()
+	if isClosed(l.done) { // a cached listing: ctx.Done need not be made
+		return l.attrs, l.err
+	}
 	select {
 	case <-l.done:
 		return l.attrs, l.err

@@ -245,6 +245,9 @@ type Endpoint struct {
 	// The records of the first ring and send buffer (registerMRIn), for the same
 	// reason.
 	firstRing, firstSend countedMR
+	// The Conn's staging cursors (Conn.stageEnd), for the default send queue depth
+	// or less, for the same reason.
+	stageEnd [DefaultSendWQEs]uint64
 }
 
 // Prepare is PrepareContext with a background context.
