@@ -99,11 +99,11 @@ func TestSHMSelection(t *testing.T) {
 	tests := []struct {
 		name           string
 		server, client *Config
-		want           string
-		reason         error // the client's
+		want           string // "": not shm (TCP, or RDMA where a default provider has a device)
+		reason         error  // the client's
 	}{
 		{"Default", nil, nil, TransportSHM, nil},
-		{"ClientDisables", nil, &Config{DisableSHM: true}, TransportTCP, ErrNoProvider},
+		{"ClientDisables", nil, &Config{DisableSHM: true}, "", nil},
 		{"ServerDisables", &Config{DisableSHM: true}, nil, TransportTCP, ErrNoProvider},
 		{"ClientDisablesRDMA", nil, &Config{DisableRDMA: true}, TransportTCP, ErrNoProvider},
 	}
@@ -131,6 +131,11 @@ func TestSHMSelection(t *testing.T) {
 			_, err = io.ReadFull(s, buf)
 			require.NoError(t, err)
 			require.Equal(t, "ping", string(buf))
+			if tt.want == "" {
+				require.NotEqual(t, TransportSHM, c.Transport(), "client transport")
+				require.Equal(t, c.Transport(), s.Transport(), "server transport (reason %v)", s.FallbackReason())
+				return
+			}
 			require.Equal(t, tt.want, c.Transport(), "client transport (reason %v)", c.FallbackReason())
 			require.Equal(t, tt.want, s.Transport(), "server transport (reason %v)", s.FallbackReason())
 			if tt.reason != nil {
