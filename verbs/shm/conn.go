@@ -6,6 +6,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -13,34 +14,45 @@ import (
 )
 
 // Connections: a requester QP dials the abstract Unix socket (SOCK_SEQPACKET) of its
-// destination QP, checks that the listener runs as an allowed user, says hello, and
-// from then on sends one request or region query at a time; a goroutine of the
-// requester's reads the answers. On the responder's side the QP's accept loop checks
-// the dialer's user (SO_PEERCRED) and serves the connection on a goroutine of its own.
-// Both goroutines park in the netpoller while nothing arrives: the datagram is the
-// doorbell, and no thread waits in a system call.
+// destination QP, checks that the listener runs as an allowed user, and says hello,
+// passing the connection's channel (channel.go). From then on its requests go through
+// the channel, pipelined, and a goroutine of the requester's reads the responses. On
+// the responder's side the QP's accept loop checks the dialer's user (SO_PEERCRED) and
+// serves the connection on a goroutine of its own. Both goroutines poll their ring for a
+// while, then sleep in the netpoller on the socket until a doorbell or a datagram comes:
+// no thread waits in a system call. The socket also tells each side of the other's
+// death: it closes with the process.
 
-// peerConn is a requester QP's connection to its destination QP, and the regions of
-// the destination it has mapped. Everything but dead is guarded by the QP's sq.mu.
+// peerConn is a requester QP's connection to its destination QP, its channel and the
+// regions of the destination it has mapped. Everything but dead, owners and the
+// response ring (the reading goroutine's) is guarded by the QP's sq.mu.
 type peerConn struct {
 	c       *net.UnixConn
 	q       *QP
 	dead    atomic.Bool // the connection failed or was closed
 	regions map[uint32]*peerRegion
 	once    sync.Once
+
+	ch     *channel
+	req    ring // the request ring, produced here
+	resp   ring // the response ring, consumed by readLoop
+	bell   bell
+	skip   int          // responses still to come for requests abandoned by a rewind
+	owners atomic.Int32 // close and readLoop: the last to finish unmaps the channel
 }
 
 // peerRegion is a region of the destination QP mapped here.
 type peerRegion struct {
 	addr     uint64
 	mem      []byte
-	writable bool
+	writable bool // mapped writable and granting remote write
+	readable bool // granting remote read
 }
 
 // slice returns the bytes [addr, addr+n) of the region, or false if they are not all
 // inside it.
 func (r *peerRegion) slice(addr uint64, n uint32) ([]byte, bool) {
-	if addr < r.addr {
+	if r == nil || addr < r.addr {
 		return nil, false
 	}
 	off := addr - r.addr
@@ -50,7 +62,8 @@ func (r *peerRegion) slice(addr uint64, n uint32) ([]byte, bool) {
 	return r.mem[off : off+uint64(n) : off+uint64(n)], true
 }
 
-// dialPeer connects q to its destination QP and says hello. The caller holds q.sq.mu.
+// dialPeer connects q to its destination QP and says hello, passing a new channel. The
+// caller holds q.sq.mu.
 func dialPeer(q *QP) (*peerConn, error) {
 	addr := &net.UnixAddr{Name: qpSocketName(q.sq.destQPN), Net: "unixpacket"}
 	c, err := net.DialUnix("unixpacket", nil, addr)
@@ -61,15 +74,56 @@ func dialPeer(q *QP) (*peerConn, error) {
 		c.Close()
 		return nil, err
 	}
-	pc := &peerConn{c: c, q: q, regions: map[uint32]*peerRegion{}}
+	fd, ch, err := newChannelMemory()
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	defer unix.Close(fd)
+	b, err := newBell(c)
+	if err != nil {
+		ch.unmap()
+		c.Close()
+		return nil, err
+	}
+	pc := &peerConn{c: c, q: q, regions: map[uint32]*peerRegion{}, ch: ch,
+		req: ch.requestRing(), resp: ch.responseRing(), bell: b}
+	pc.owners.Store(2)
 	hello := msg{kind: msgHello, srcQPN: q.qpn, dstQPN: q.sq.destQPN, srcGID: q.sq.sgid}
-	if err := pc.send(hello.encode(make([]byte, 0, helloLen)), -1); err != nil {
+	if err := pc.send(hello.encode(make([]byte, 0, helloLen)), fd); err != nil {
+		ch.unmap()
 		c.Close()
 		return nil, err
 	}
 	go pc.readLoop()
 	return pc, nil
 }
+
+// push publishes a record in the request ring and rings the responder's doorbell if it
+// sleeps. It reports false if the ring is full.
+func (pc *peerConn) push(rec []byte) (bool, error) {
+	ok, wake, err := pc.req.push(rec)
+	if wake {
+		pc.bell.ring()
+	}
+	return ok, err
+}
+
+// bell rings a peer's doorbell on a connection's socket.
+type bell struct {
+	raw syscall.RawConn
+	fn  func(fd uintptr) // made once: a closure per ring would allocate
+}
+
+func newBell(c *net.UnixConn) (bell, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return bell{}, fmt.Errorf("shm: raw connection: %w", err)
+	}
+	return bell{raw: raw, fn: func(fd uintptr) { ringDoorbell(int(fd)) }}, nil
+}
+
+func (b bell) ring() { b.raw.Control(b.fn) }
 
 // send writes one datagram, passing fd with it unless fd is negative.
 func (pc *peerConn) send(b []byte, fd int) error {
@@ -99,7 +153,8 @@ func (pc *peerConn) addRegion(m *msg, fd int) error {
 	if old := pc.regions[m.rkey]; old != nil {
 		unmap(old.mem)
 	}
-	pc.regions[m.rkey] = &peerRegion{addr: m.addr, mem: mem, writable: writable && m.access&uint32(verbs.AccessRemoteWrite) != 0}
+	pc.regions[m.rkey] = &peerRegion{addr: m.addr, mem: mem, writable: writable && m.access&uint32(verbs.AccessRemoteWrite) != 0,
+		readable: m.access&uint32(verbs.AccessRemoteRead) != 0}
 	return nil
 }
 
@@ -123,7 +178,15 @@ func (pc *peerConn) close() {
 		pc.dead.Store(true)
 		pc.c.Close()
 		pc.forgetRegions()
+		pc.release()
 	})
+}
+
+// release gives up one owner's use of the channel; the last unmaps it.
+func (pc *peerConn) release() {
+	if pc.owners.Add(-1) == 0 {
+		pc.ch.unmap()
+	}
 }
 
 func unmap(mem []byte) {
@@ -132,19 +195,44 @@ func unmap(mem []byte) {
 	}
 }
 
-// readLoop reads the answers of the destination QP until the connection ends.
+// readLoop reads the responses of the destination QP from the channel, and regions and
+// doorbells from the socket, until the connection ends.
 func (pc *peerConn) readLoop() {
+	defer pc.release()
 	r, err := newMsgReader(pc.c, regionLen+1, unix.CmsgSpace(4*4))
-	for err == nil {
+	var buf [responseLen]byte
+	var sp spinner
+	for err == nil && !pc.dead.Load() {
+		var rec []byte
+		if rec, err = pc.resp.pop(buf[:]); err != nil {
+			break
+		}
+		if rec != nil {
+			sp.reset()
+			var m msg
+			if m.decode(rec) != nil || m.kind != msgResponse {
+				break
+			}
+			pc.q.onResponse(pc, &m)
+			continue
+		}
+		if sp.spin() {
+			continue
+		}
+		atomic.StoreUint32(pc.resp.sleep, 1)
+		if pc.resp.pending() { // published before the responder could see the word
+			atomic.StoreUint32(pc.resp.sleep, 0)
+			continue
+		}
 		var n, oobn, flags int
 		n, oobn, flags, err = r.read()
+		atomic.StoreUint32(pc.resp.sleep, 0)
 		if err != nil {
 			break
 		}
-		buf, oob := r.buf, r.oob
 		fd := -1
 		if oobn > 0 {
-			fds := parseFDs(oob[:oobn])
+			fds := parseFDs(r.oob[:oobn])
 			if len(fds) != 1 {
 				closeFDs(fds)
 				break
@@ -152,22 +240,18 @@ func (pc *peerConn) readLoop() {
 			fd = fds[0]
 		}
 		var m msg
-		if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || m.decode(buf[:n]) != nil ||
+		if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || m.decode(r.buf[:n]) != nil ||
 			(m.kind != msgRegion && fd >= 0) {
 			closeFD(fd)
 			break
 		}
 		switch m.kind {
-		case msgResponse:
-			pc.q.onResponse(pc, &m)
+		case msgDoorbell:
 		case msgRegion:
 			pc.q.onRegion(pc, &m, fd)
 		default:
 			closeFD(fd)
-			pc.dead.Store(true)
-			pc.c.Close()
-			pc.q.onConnDown(pc)
-			return
+			err = errMalformed
 		}
 	}
 	pc.dead.Store(true)
@@ -253,9 +337,12 @@ func (q *QP) acceptLoop() {
 	}
 }
 
-// serve answers one requester's connection: a hello naming q, then requests and region
-// queries. A datagram that breaks the protocol (malformed, truncated, carrying
-// descriptors) ends the connection, which the requester sees as a dead link.
+// serve answers one requester's connection: a hello naming q with the connection's
+// channel, then requests and region queries in the channel's request ring, and
+// doorbells on the socket. Anything that breaks the protocol (a malformed, truncated or
+// unexpected datagram or record, a descriptor where none belongs, an impossible cursor,
+// a response ring the requester let fill) ends the connection, which the requester sees
+// as a dead link.
 func (q *QP) serve(c *net.UnixConn) {
 	p := q.dev.p
 	defer p.wg.Done()
@@ -263,38 +350,71 @@ func (q *QP) serve(c *net.UnixConn) {
 		c.Close()
 		p.untrack(c)
 	}()
-	r, err := newMsgReader(c, maxMsg+1, unix.CmsgSpace(4*8))
+	r, err := newMsgReader(c, helloLen+1, unix.CmsgSpace(4*8))
 	if err != nil {
 		return
 	}
-	buf, oob := r.buf, r.oob
+	n, oobn, flags, err := r.read()
+	if err != nil {
+		return
+	}
+	fds := parseFDs(r.oob[:oobn])
+	var m msg
+	if len(fds) != 1 || flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || m.decode(r.buf[:n]) != nil ||
+		m.kind != msgHello || m.dstQPN != q.qpn {
+		closeFDs(fds)
+		return
+	}
+	src := requester{gid: m.srcGID, qpn: m.srcQPN}
+	ch, err := mapChannel(fds[0])
+	if err != nil {
+		return
+	}
+	defer ch.unmap()
+	b, err := newBell(c)
+	if err != nil {
+		return
+	}
+	reqs, resps := ch.requestRing(), ch.responseRing()
+	buf := make([]byte, maxMsg)
 	out := make([]byte, 0, regionLen)
-	var src requester
-	for said := false; ; said = true {
-		n, oobn, flags, err := r.read()
+	var sp spinner
+	for {
+		rec, err := reqs.pop(buf)
 		if err != nil {
 			return
 		}
-		if oobn > 0 { // requesters pass no descriptors
-			closeFDs(parseFDs(oob[:oobn]))
-			return
-		}
-		var m msg
-		if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || m.decode(buf[:n]) != nil {
-			return
-		}
-		if !said {
-			if m.kind != msgHello || m.dstQPN != q.qpn {
+		if rec == nil {
+			if sp.spin() {
+				continue
+			}
+			atomic.StoreUint32(reqs.sleep, 1)
+			if reqs.pending() {
+				atomic.StoreUint32(reqs.sleep, 0)
+				continue
+			}
+			n, oobn, flags, err := r.read()
+			atomic.StoreUint32(reqs.sleep, 0)
+			if err != nil || oobn > 0 || flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 ||
+				m.decode(r.buf[:n]) != nil || m.kind != msgDoorbell {
+				closeFDs(parseFDs(r.oob[:oobn]))
 				return
 			}
-			src = requester{gid: m.srcGID, qpn: m.srcQPN}
 			continue
+		}
+		sp.reset()
+		if m.decode(rec) != nil {
+			return
 		}
 		switch m.kind {
 		case msgRequest:
 			resp := q.respond(src, &m)
-			if sendMsg(c, resp.encode(out), -1) != nil {
+			ok, wake, err := resps.push(resp.encode(out))
+			if !ok || err != nil {
 				return
+			}
+			if wake {
+				b.ring()
 			}
 		case msgMRQuery:
 			reply, fd := q.regionFor(src, m.rkey)

@@ -18,9 +18,11 @@ import (
 // verbs/soft (see the package documentation), between processes.
 //
 // Its send queue (the requester) and receive queue (the responder) have a mutex each. The
-// requester sends one request at a time over its connection to the destination QP
-// and waits for its response before the next (stop-and-wait), which keeps execution and
-// completion in order and makes an RNR NAK or a loss hold back every WR behind it.
+// requester places requests in its connection's channel to the destination QP ahead of
+// their responses (pipelined, up to maxInflight); the responder executes them in PSN
+// order and answers each in order. An RNR NAK or a loss of the oldest makes the
+// requester abandon the ones behind it (the responder drops them: out of sequence) and
+// retransmit from the oldest, go-back-N, which keeps execution and completion in order.
 type QP struct {
 	dev    *device
 	pd     *PD
@@ -74,10 +76,11 @@ type sendQueue struct {
 	rnrRetry uint8
 
 	conn     *peerConn // connection to the destination QP, nil until first needed
-	busy     bool      // the head WR's request or region query awaits its answer
-	querying bool      // what is busy is a region query
-	deadline time.Time // when busy, the end of its ACK timeout
-	waiting  bool      // the head WR waits for the timer
+	inflight int       // WRs from the head whose requests await their responses
+	querying bool      // the head WR's region query awaits its answer (inflight is 0)
+	deadline time.Time // when busy, the end of the ACK timeout of the oldest answer awaited
+	waiting  bool      // the head WR waits for the timer (inflight is 0)
+	fence    bool      // a request in flight is one this side expects refused: none may follow
 }
 
 // recvQueue is the responder side of a QP, guarded by mu.
@@ -348,7 +351,7 @@ func (q *QP) ToReset() error {
 func (q *QP) discardLocked() {
 	clear(q.sq.ring)
 	clear(q.rq.ring)
-	q.sq.head, q.sq.n, q.sq.busy, q.sq.waiting = 0, 0, false, false
+	q.sq.head, q.sq.n, q.sq.inflight, q.sq.querying, q.sq.waiting = 0, 0, 0, false, false
 	q.rq.head, q.rq.n = 0, 0
 	if q.sq.conn != nil {
 		q.sq.conn.close()
@@ -397,11 +400,24 @@ func (q *QP) fail() {
 }
 
 func (q *QP) flushSendLocked() {
-	q.sq.busy, q.sq.waiting = false, false
+	q.abandonLocked()
+	q.sq.querying, q.sq.waiting = false, false
 	for q.sq.n > 0 {
 		q.completeLocked(&q.sq.ring[q.sq.head], verbs.WCWRFlushErr)
 		q.popSendLocked()
 	}
+}
+
+// busy reports whether the requester awaits an answer: responses or a region.
+func (s *sendQueue) busy() bool { return s.inflight > 0 || s.querying }
+
+// abandonLocked forgets the requests in flight: their responses, when they come, are
+// skipped. The caller holds sq.mu.
+func (q *QP) abandonLocked() {
+	if q.sq.conn != nil {
+		q.sq.conn.skip += q.sq.inflight
+	}
+	q.sq.inflight = 0
 }
 
 func (q *QP) flushRecvLocked() {

@@ -25,6 +25,7 @@ func TestWireRoundTrip(t *testing.T) {
 		{"error", msg{kind: msgResponse, respKind: respErr, status: 10}},
 		{"region", msg{kind: msgRegion, ok: true, rkey: 5, access: 7, addr: 1 << 32, size: 65536}},
 		{"no region", msg{kind: msgRegion, rkey: 5}},
+		{"doorbell", msg{kind: msgDoorbell}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -49,7 +50,7 @@ func TestWireRejects(t *testing.T) {
 		{"unknown kind", []byte{9, 0, 0, 0}},
 		{"short hello", (&msg{kind: msgHello}).encode(nil)[:31]},
 		{"bad magic", func() []byte { b := (&msg{kind: msgHello}).encode(nil); b[4] ^= 1; return b }()},
-		{"bad version", func() []byte { b := (&msg{kind: msgHello}).encode(nil); b[1] = 2; return b }()},
+		{"bad version", func() []byte { b := (&msg{kind: msgHello}).encode(nil); b[1] = wireVersion + 1; return b }()},
 		{"QPN over 24 bits", (&msg{kind: msgHello, srcQPN: 1 << 24}).encode(nil)},
 		{"short request", send[:requestLen-1]},
 		{"SEND length disagrees", send[:len(send)-1]},
