@@ -3,9 +3,7 @@ package shm
 import (
 	"errors"
 	"fmt"
-	"runtime"
 	"sync/atomic"
-	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -35,10 +33,10 @@ import (
 // copied out of shared memory before they are decoded, so a peer that rewrites one
 // under the reader changes only what the reader copied, never its bounds.
 //
-// A consumer polls its ring for a while (spinFor), then says it is sleeping, looks at
-// the ring once more (a record published in between would otherwise wait for a
-// doorbell nobody rings), and blocks on the connection's socket. A producer that
-// publishes a record and finds the consumer sleeping clears the word and rings the
+// Rings are consumed by polling (drive.go). A consumer that stops polling says it is
+// sleeping, looks at the ring once more (a record published in between would otherwise
+// wait for a doorbell nobody rings), and blocks on the connection's socket. A producer
+// that publishes a record and finds the consumer sleeping clears the word and rings the
 // doorbell: a one-byte datagram on the socket. Cursor and sleeping-word accesses are
 // sync/atomic operations, sequentially consistent, so either the sleeper sees the
 // record or the producer sees the sleeper.
@@ -58,10 +56,6 @@ const (
 	// maxInflight bounds the requests a requester has in the channel without having
 	// read their responses, so that the response ring never fills: 16 bytes a response.
 	maxInflight = respRingSize / 16
-
-	// spinFor is how long a consumer polls an empty ring before it sleeps. Polling
-	// yields between looks, so it costs a core only while nothing else wants one.
-	spinFor = 50 * time.Microsecond
 )
 
 var errChannel = errors.New("shm: channel broken by the peer")
@@ -126,9 +120,9 @@ func (ch *channel) responseRing() ring {
 func align8(n uint64) uint64 { return (n + 7) &^ 7 }
 
 // push publishes rec as a record. It reports false, publishing nothing, if the ring
-// lacks room, and whether the consumer was sleeping (the caller rings the doorbell);
-// errChannel if the consumer's cursor is impossible.
-func (r *ring) push(rec []byte) (ok, wake bool, err error) {
+// lacks room, and, if urgent, whether the consumer was sleeping (the caller rings the
+// doorbell); errChannel if the consumer's cursor is impossible.
+func (r *ring) push(rec []byte, urgent bool) (ok, wake bool, err error) {
 	size := uint64(len(r.data))
 	used := r.pos - atomic.LoadUint64(r.cons)
 	if used > size {
@@ -145,7 +139,7 @@ func (r *ring) push(rec []byte) (ok, wake bool, err error) {
 	copy(r.data, rec[n:])
 	r.pos += total
 	atomic.StoreUint64(r.prod, r.pos)
-	return true, r.wakeConsumer(), nil
+	return true, urgent && r.wakeConsumer(), nil
 }
 
 // wakeConsumer reports whether the consumer said it sleeps, clearing the word: the
@@ -182,28 +176,6 @@ func (r *ring) pop(buf []byte) ([]byte, error) {
 	r.pos += total
 	atomic.StoreUint64(r.cons, r.pos)
 	return out, nil
-}
-
-// spinner paces a consumer's polling of an empty ring: true while it should poll on,
-// false once spinFor has passed since the last record, when it should sleep.
-type spinner struct {
-	n     int
-	start time.Time
-}
-
-func (s *spinner) reset() { s.n = 0 }
-
-func (s *spinner) spin() bool {
-	if s.n == 0 {
-		s.start = time.Now()
-	}
-	s.n++
-	if s.n&15 == 0 && time.Since(s.start) > spinFor {
-		s.n = 0
-		return false
-	}
-	runtime.Gosched()
-	return true
 }
 
 // doorbell is the one-byte datagram that wakes a sleeping consumer.

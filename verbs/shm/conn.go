@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -24,8 +25,8 @@ import (
 // death: it closes with the process.
 
 // peerConn is a requester QP's connection to its destination QP, its channel and the
-// regions of the destination it has mapped. Everything but dead, owners and the
-// response ring (the reading goroutine's) is guarded by the QP's sq.mu.
+// regions of the destination it has mapped. Everything but dead, mu and what mu guards
+// is guarded by the QP's sq.mu.
 type peerConn struct {
 	c       *net.UnixConn
 	q       *QP
@@ -33,12 +34,17 @@ type peerConn struct {
 	regions map[uint32]*peerRegion
 	once    sync.Once
 
-	ch     *channel
-	req    ring // the request ring, produced here
-	resp   ring // the response ring, consumed by readLoop
-	bell   bell
-	skip   int          // responses still to come for requests abandoned by a rewind
-	owners atomic.Int32 // close and readLoop: the last to finish unmaps the channel
+	ch   *channel
+	req  ring // the request ring, produced here
+	bell bell
+	skip int // responses still to come for requests abandoned by a rewind
+
+	// mu guards the consumption of the response ring, by readLoop or a Poll of the send
+	// CQ (drive.go), and the mapping: readLoop unmaps it, last, under mu.
+	mu       sync.Mutex
+	resp     ring
+	buf      [responseLen]byte
+	unmapped bool
 }
 
 // peerRegion is a region of the destination QP mapped here.
@@ -88,7 +94,6 @@ func dialPeer(q *QP) (*peerConn, error) {
 	}
 	pc := &peerConn{c: c, q: q, regions: map[uint32]*peerRegion{}, ch: ch,
 		req: ch.requestRing(), resp: ch.responseRing(), bell: b}
-	pc.owners.Store(2)
 	hello := msg{kind: msgHello, srcQPN: q.qpn, dstQPN: q.sq.destQPN, srcGID: q.sq.sgid}
 	if err := pc.send(hello.encode(make([]byte, 0, helloLen)), fd); err != nil {
 		ch.unmap()
@@ -102,7 +107,7 @@ func dialPeer(q *QP) (*peerConn, error) {
 // push publishes a record in the request ring and rings the responder's doorbell if it
 // sleeps. It reports false if the ring is full.
 func (pc *peerConn) push(rec []byte) (bool, error) {
-	ok, wake, err := pc.req.push(rec)
+	ok, wake, err := pc.req.push(rec, true)
 	if wake {
 		pc.bell.ring()
 	}
@@ -178,15 +183,7 @@ func (pc *peerConn) close() {
 		pc.dead.Store(true)
 		pc.c.Close()
 		pc.forgetRegions()
-		pc.release()
 	})
-}
-
-// release gives up one owner's use of the channel; the last unmaps it.
-func (pc *peerConn) release() {
-	if pc.owners.Add(-1) == 0 {
-		pc.ch.unmap()
-	}
 }
 
 func unmap(mem []byte) {
@@ -195,33 +192,26 @@ func unmap(mem []byte) {
 	}
 }
 
-// readLoop reads the responses of the destination QP from the channel, and regions and
-// doorbells from the socket, until the connection ends.
+// readLoop reads the responses of the destination QP from the channel, when no Poll
+// does, and regions and doorbells from the socket, until the connection ends; then it
+// unmaps the channel. It always says when it sleeps: a response that asks for a
+// doorbell (reqNotify) wakes it even while Polls drain the ring, since it is on the
+// socket that regions come.
 func (pc *peerConn) readLoop() {
-	defer pc.release()
 	r, err := newMsgReader(pc.c, regionLen+1, unix.CmsgSpace(4*4))
-	var buf [responseLen]byte
-	var sp spinner
 	for err == nil && !pc.dead.Load() {
-		var rec []byte
-		if rec, err = pc.resp.pop(buf[:]); err != nil {
-			break
-		}
-		if rec != nil {
-			sp.reset()
-			var m msg
-			if m.decode(rec) != nil || m.kind != msgResponse {
-				break
+		pc.mu.Lock()
+		var got int
+		got, err = pc.drainLocked()
+		sleep := false
+		if err == nil && got == 0 {
+			atomic.StoreUint32(pc.resp.sleep, 1)
+			if sleep = !pc.resp.pending(); !sleep { // published before the word was seen
+				atomic.StoreUint32(pc.resp.sleep, 0)
 			}
-			pc.q.onResponse(pc, &m)
-			continue
 		}
-		if sp.spin() {
-			continue
-		}
-		atomic.StoreUint32(pc.resp.sleep, 1)
-		if pc.resp.pending() { // published before the responder could see the word
-			atomic.StoreUint32(pc.resp.sleep, 0)
+		pc.mu.Unlock()
+		if err != nil || !sleep {
 			continue
 		}
 		var n, oobn, flags int
@@ -250,13 +240,17 @@ func (pc *peerConn) readLoop() {
 		case msgRegion:
 			pc.q.onRegion(pc, &m, fd)
 		default:
-			closeFD(fd)
 			err = errMalformed
 		}
 	}
 	pc.dead.Store(true)
 	pc.c.Close()
-	pc.q.onConnDown(pc)
+	pc.q.onConnDown(pc) // after it, the requester pushes nothing more
+	pc.q.out.CompareAndSwap(pc, nil)
+	pc.mu.Lock()
+	pc.unmapped = true
+	pc.ch.unmap()
+	pc.mu.Unlock()
 }
 
 // parseFDs returns the descriptors an SCM_RIGHTS control message carried.
@@ -370,61 +364,64 @@ func (q *QP) serve(c *net.UnixConn) {
 	if err != nil {
 		return
 	}
-	defer ch.unmap()
 	b, err := newBell(c)
 	if err != nil {
+		ch.unmap()
 		return
 	}
-	reqs, resps := ch.requestRing(), ch.responseRing()
-	buf := make([]byte, maxMsg)
-	out := make([]byte, 0, regionLen)
-	var sp spinner
+	in := &inbound{q: q, c: c, src: src, bell: b, ch: ch, reqs: ch.requestRing(), resps: ch.responseRing(),
+		buf: make([]byte, maxMsg), out: make([]byte, 0, regionLen)}
+	q.rq.mu.Lock()
+	if q.rq.srcGID == src.gid && q.rq.srcQPN == src.qpn {
+		q.in.Store(in) // the connection of the QP's peer: Poll drives it
+	}
+	q.rq.mu.Unlock()
+	defer func() {
+		q.in.CompareAndSwap(in, nil)
+		in.mu.Lock()
+		in.dead = true
+		in.mu.Unlock()
+		ch.unmap()
+	}()
+	watch := pollWatch{cq: q.recvCQ}
 	for {
-		rec, err := reqs.pop(buf)
-		if err != nil {
-			return
+		in.mu.Lock()
+		got, err := 0, errClosedConn
+		if !in.dead {
+			got, err = in.drainLocked()
 		}
-		if rec == nil {
-			if sp.spin() {
-				continue
+		leased, sleep, pos := false, false, in.reqs.pos
+		if err == nil && got == 0 {
+			if leased = watch.active() && q.in.Load() == in; !leased {
+				atomic.StoreUint32(in.reqs.sleep, 1)
+				if sleep = !in.reqs.pending(); !sleep {
+					atomic.StoreUint32(in.reqs.sleep, 0)
+				}
 			}
-			atomic.StoreUint32(reqs.sleep, 1)
-			if reqs.pending() {
-				atomic.StoreUint32(reqs.sleep, 0)
-				continue
-			}
-			n, oobn, flags, err := r.read()
-			atomic.StoreUint32(reqs.sleep, 0)
-			if err != nil || oobn > 0 || flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 ||
-				m.decode(r.buf[:n]) != nil || m.kind != msgDoorbell {
-				closeFDs(parseFDs(r.oob[:oobn]))
-				return
-			}
+		}
+		in.mu.Unlock()
+		switch {
+		case err != nil:
+			return
+		case leased:
+			// Polls drain the ring: look again after the lease, to take over if they
+			// stopped without arming the CQ.
+			time.Sleep(pollLease)
+			continue
+		case !sleep:
+			continue
+		case spinArmed(in.reqs.prod, pos): // serve owns the mapping: no lock needed
+			atomic.StoreUint32(in.reqs.sleep, 0)
 			continue
 		}
-		sp.reset()
-		if m.decode(rec) != nil {
-			return
-		}
-		switch m.kind {
-		case msgRequest:
-			resp := q.respond(src, &m)
-			ok, wake, err := resps.push(resp.encode(out))
-			if !ok || err != nil {
-				return
-			}
-			if wake {
-				b.ring()
-			}
-		case msgMRQuery:
-			reply, fd := q.regionFor(src, m.rkey)
-			err := sendMsg(c, reply.encode(out), fd)
-			closeFD(fd)
-			if err != nil {
-				return
-			}
-		default:
+		n, oobn, flags, err := r.read()
+		atomic.StoreUint32(in.reqs.sleep, 0)
+		if err != nil || oobn > 0 || flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 ||
+			m.decode(r.buf[:n]) != nil || m.kind != msgDoorbell {
+			closeFDs(parseFDs(r.oob[:oobn]))
 			return
 		}
 	}
 }
+
+var errClosedConn = errors.New("shm: connection closed")

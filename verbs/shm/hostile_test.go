@@ -159,7 +159,7 @@ func TestHostileRequester(t *testing.T) {
 	push := func(rec []byte) func(*testing.T, *channel) {
 		return func(t *testing.T, ch *channel) {
 			r := ch.requestRing()
-			ok, _, err := r.push(rec)
+			ok, _, err := r.push(rec, true)
 			require.True(t, ok && err == nil, "push(%x) = %v, %v", rec, ok, err)
 		}
 	}

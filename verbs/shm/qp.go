@@ -49,6 +49,9 @@ type QP struct {
 
 	sq sendQueue
 	rq recvQueue
+
+	in  atomic.Pointer[inbound]  // the peer's connection to this QP, which Polls drive
+	out atomic.Pointer[peerConn] // sq.conn, for Polls to drive
 }
 
 // sendQueue is the requester side of a QP, guarded by mu.
@@ -188,6 +191,10 @@ func (p *PD) CreateQP(attr verbs.QPInitAttr) (verbs.QP, error) {
 	d.qpMu.Lock()
 	d.qps[q.qpn] = q
 	d.qpMu.Unlock()
+	scq.addFeeder(q)
+	if rcq != scq {
+		rcq.addFeeder(q)
+	}
 	if !d.p.track(ln) {
 		q.Close()
 		return nil, fmt.Errorf("shm: create QP: provider closed: %w", verbs.ErrClosed)
@@ -356,6 +363,7 @@ func (q *QP) discardLocked() {
 	if q.sq.conn != nil {
 		q.sq.conn.close()
 		q.sq.conn = nil
+		q.out.Store(nil)
 	}
 	q.sendCQ.forget(q)
 	q.recvCQ.forget(q)
@@ -377,6 +385,8 @@ func (q *QP) Close() error {
 	q.dev.qpMu.Lock()
 	delete(q.dev.qps, q.qpn)
 	q.dev.qpMu.Unlock()
+	q.sendCQ.removeFeeder(q)
+	q.recvCQ.removeFeeder(q)
 	q.sendCQ.unuse()
 	q.recvCQ.unuse()
 	q.pd.refs.release()

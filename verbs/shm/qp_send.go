@@ -165,6 +165,9 @@ func (q *QP) popSendLocked() {
 // runSQ is the timer callback: the head's RNR or ACK timeout expired, the oldest answer
 // awaited is late, or the QP failed.
 func (q *QP) runSQ() {
+	if pc := q.out.Load(); pc != nil {
+		pc.drive() // responses that rang no doorbell, before any is declared lost
+	}
 	q.sq.mu.Lock()
 	if q.closed.Load() {
 		q.sq.mu.Unlock()
@@ -187,6 +190,7 @@ func (q *QP) runSQ() {
 			q.sq.inflight, q.sq.querying = 0, false
 			q.sq.conn.close()
 			q.sq.conn = nil
+			q.out.Store(nil)
 			e.ackWait = true
 		}
 		if e.ackWait {
@@ -257,6 +261,7 @@ func (q *QP) kickLocked() {
 			if q.sq.conn != nil {
 				q.sq.conn.close()
 				q.sq.conn = nil
+				q.out.Store(nil)
 			}
 			c, err := dialPeer(q)
 			if err != nil {
@@ -264,6 +269,7 @@ func (q *QP) kickLocked() {
 				continue
 			}
 			q.sq.conn = c
+			q.out.Store(c)
 		}
 		c := q.sq.conn
 		remote := e.op == verbs.OpRDMAWrite || e.op == verbs.OpRDMAWriteWithImm || e.op == verbs.OpRDMARead
@@ -348,6 +354,9 @@ func (q *QP) prepareLocked(e *wqe, c *peerConn) (st verbs.WCStatus, rec []byte, 
 	m := msg{kind: msgRequest, op: uint8(e.op), imm: e.imm, rkey: e.rkey, length: e.length, addr: e.raddr, psn: psn}
 	if e.flags&verbs.SendSolicited != 0 {
 		m.flags = reqSolicited
+	}
+	if q.sigAll || e.flags&verbs.SendSignaled != 0 || e.op == verbs.OpRDMARead || q.sq.inflight >= maxInflight/2 {
+		m.flags |= reqNotify
 	}
 	out := m.encode(q.sq.out)
 	switch e.op {

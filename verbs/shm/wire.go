@@ -20,7 +20,7 @@ import (
 //	| 1 u8 | ver u8  | 0 u16 | magic u32 | srcQPN u32| dstQPN u32 | srcGID [16] |
 //	+------+---------+-------+-----------+-----------+-------------------+
 //
-//	request (requester → responder), 28 bytes + SEND payload:
+//	request (requester → responder), 28 bytes + SEND payload; flags: 1 solicited, 2 notify:
 //	+------+-------+----------+------+---------+----------+------------+-----------+---------+---------+
 //	| 2 u8 | op u8 | flags u8 | 0 u8 | imm u32 | rkey u32 | length u32 | raddr u64 | psn u32 | payload |
 //	+------+-------+----------+------+---------+----------+------------+-----------+---------+---------+
@@ -76,8 +76,14 @@ const (
 	respErr  = 4 // executed in error: status says which, both QPs go to ERROR
 )
 
-// send flag bits of a request.
-const reqSolicited = 1
+// Flag bits of a request: the SEND or WRITE_WITH_IMM is solicited; the requester wants
+// its response at once (it completes a signaled WR, or the requester needs room), so
+// the responder rings its doorbell if it sleeps. Other acknowledgements wait in the
+// response ring for the requester's next look, saving it a wake-up.
+const (
+	reqSolicited = 1
+	reqNotify    = 2
+)
 
 var errMalformed = errors.New("shm: malformed message")
 
@@ -85,7 +91,7 @@ var errMalformed = errors.New("shm: malformed message")
 type msg struct {
 	kind     uint8
 	op       uint8 // request: verbs.Opcode
-	flags    uint8 // request: reqSolicited
+	flags    uint8 // request: reqSolicited, reqNotify
 	respKind uint8 // response
 	rnrTimer uint8 // response to an RNR
 	ok       bool  // region
@@ -185,7 +191,7 @@ func (m *msg) decode(b []byte) error {
 		default:
 			return fmt.Errorf("%w: opcode %d", errMalformed, m.op)
 		}
-		if m.flags&^reqSolicited != 0 {
+		if m.flags&^(reqSolicited|reqNotify) != 0 {
 			return fmt.Errorf("%w: request flags %#x", errMalformed, m.flags)
 		}
 	case msgMRQuery:

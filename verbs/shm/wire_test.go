@@ -15,7 +15,7 @@ func TestWireRoundTrip(t *testing.T) {
 		m    msg
 	}{
 		{"hello", msg{kind: msgHello, srcQPN: 0x123, dstQPN: 0xffffff, srcGID: gid}},
-		{"write", msg{kind: msgRequest, op: opWriteWithImm, flags: reqSolicited, imm: 9, rkey: 3, length: 1 << 20, addr: 1 << 40}},
+		{"write", msg{kind: msgRequest, op: opWriteWithImm, flags: reqSolicited | reqNotify, imm: 9, rkey: 3, length: 1 << 20, addr: 1 << 40}},
 		{"send", msg{kind: msgRequest, op: opSend, length: 3, payload: []byte("abc")}},
 		{"empty send", msg{kind: msgRequest, op: opSendWithImm, imm: 1}},
 		{"read", msg{kind: msgRequest, op: opRead, rkey: 1, length: 8, addr: 4096}},
@@ -56,7 +56,7 @@ func TestWireRejects(t *testing.T) {
 		{"SEND length disagrees", send[:len(send)-1]},
 		{"write with payload", append((&msg{kind: msgRequest, op: opWrite}).encode(nil), 1)},
 		{"unknown opcode", (&msg{kind: msgRequest, op: 7}).encode(nil)},
-		{"unknown flags", (&msg{kind: msgRequest, op: opWrite, flags: 2}).encode(nil)},
+		{"unknown flags", (&msg{kind: msgRequest, op: opWrite, flags: 4}).encode(nil)},
 		{"oversized SEND", append((&msg{kind: msgRequest, op: opSend, length: maxSendPayload + 1}).encode(nil), make([]byte, maxSendPayload+1)...)},
 		{"long query", append((&msg{kind: msgMRQuery}).encode(nil), 0)},
 		{"unknown response", (&msg{kind: msgResponse, respKind: 9}).encode(nil)},
