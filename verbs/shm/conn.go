@@ -370,7 +370,7 @@ func (q *QP) serve(c *net.UnixConn) {
 		return
 	}
 	in := &inbound{q: q, c: c, src: src, bell: b, ch: ch, reqs: ch.requestRing(), resps: ch.responseRing(),
-		buf: make([]byte, maxMsg), out: make([]byte, 0, regionLen)}
+		buf: make([]byte, maxMsg), out: make([]byte, 0, regionLen), wake: make(chan struct{}, 1)}
 	q.rq.mu.Lock()
 	if q.rq.srcGID == src.gid && q.rq.srcQPN == src.qpn {
 		q.in.Store(in) // the connection of the QP's peer: Poll drives it
@@ -384,6 +384,9 @@ func (q *QP) serve(c *net.UnixConn) {
 		ch.unmap()
 	}()
 	watch := pollWatch{cq: q.recvCQ}
+	lease := time.NewTimer(pollLease)
+	defer lease.Stop()
+	spun := false // this idle spell was spun through already
 	for {
 		in.mu.Lock()
 		got, err := 0, errClosedConn
@@ -392,7 +395,7 @@ func (q *QP) serve(c *net.UnixConn) {
 		}
 		leased, sleep, pos := false, false, in.reqs.pos
 		if err == nil && got == 0 {
-			if leased = watch.active() && q.in.Load() == in; !leased {
+			if leased = watch.active() && q.in.Load() == in; !leased && spun {
 				atomic.StoreUint32(in.reqs.sleep, 1)
 				if sleep = !in.reqs.pending(); !sleep {
 					atomic.StoreUint32(in.reqs.sleep, 0)
@@ -403,17 +406,28 @@ func (q *QP) serve(c *net.UnixConn) {
 		switch {
 		case err != nil:
 			return
+		case got > 0:
+			spun = false
+			continue
 		case leased:
 			// Polls drain the ring: look again after the lease, to take over if they
-			// stopped without arming the CQ.
-			time.Sleep(pollLease)
+			// stopped without arming the CQ, or when they arm it.
+			lease.Reset(pollLease)
+			select {
+			case <-lease.C:
+			case <-in.wake:
+				lease.Stop()
+			}
+			continue
+		case !spun:
+			// Poll the ring a moment before saying this side sleeps, which would make
+			// the requester ring.
+			spun = !spinArmed(in.reqs.prod, pos) // serve owns the mapping: no lock needed
 			continue
 		case !sleep:
 			continue
-		case spinArmed(in.reqs.prod, pos): // serve owns the mapping: no lock needed
-			atomic.StoreUint32(in.reqs.sleep, 0)
-			continue
 		}
+		spun = false
 		n, oobn, flags, err := r.read()
 		atomic.StoreUint32(in.reqs.sleep, 0)
 		if err != nil || oobn > 0 || flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 ||

@@ -90,7 +90,7 @@ func (c *CQ) Poll(wc []verbs.WorkCompletion) (int, error) {
 	}
 	c.n -= n
 	c.mu.Unlock()
-	if n == 0 {
+	if n == 0 && c.polls.Load()%yieldEvery == 0 {
 		yieldCPU() // drive.go
 	}
 	return n, nil

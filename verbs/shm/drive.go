@@ -20,7 +20,7 @@ import (
 // While its CQ is being polled, and not armed, serve leaves the request ring to the
 // polls and sleeps for a lease (pollLease) without saying so in the channel, so that
 // the requester rings no doorbells the poller does not need; it looks again when the
-// lease ends. Otherwise (the CQ is armed, or no longer polled) it polls the ring
+// lease ends, or at once when the CQ is armed. Otherwise (the CQ is armed, or no longer polled) it polls the ring
 // itself for a moment (armedSpin), then says it sleeps, looks once more, and blocks on
 // the socket. Arming a CQ (ReqNotify) says so for every ring that feeds it, so that the
 // next record rings the doorbell of a goroutine that then completes into the armed CQ
@@ -36,6 +36,9 @@ const pollLease = time.Millisecond
 // armedSpin is how long serve polls its ring, yielding, before it sleeps on the socket.
 const armedSpin = 30 * time.Microsecond
 
+// yieldEvery is how often (in polls) an empty Poll yields the processor.
+const yieldEvery = 8
+
 // maxDriven bounds the QPs a CQ's Poll drives: a CQ fed by more leaves them to their
 // goroutines rather than visit every one on every poll.
 const maxDriven = 64
@@ -47,6 +50,7 @@ type inbound struct {
 	c    *net.UnixConn
 	src  requester
 	bell bell
+	wake chan struct{} // ends serve's lease: the CQ was armed
 
 	mu    sync.Mutex
 	dead  bool // the channel is unmapped or about to be: touch nothing
@@ -119,6 +123,10 @@ func (in *inbound) announceSleep() {
 		atomic.StoreUint32(in.reqs.sleep, 1)
 	}
 	in.mu.Unlock()
+	select {
+	case in.wake <- struct{}{}:
+	default:
+	}
 }
 
 // drainLocked handles every response in the response ring. An error ends the
