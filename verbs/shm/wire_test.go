@@ -92,6 +92,7 @@ func FuzzDecode(f *testing.F) {
 		{kind: msgMRQuery, rkey: 1},
 		{kind: msgResponse, respKind: respRNR, rnrTimer: 1},
 		{kind: msgRegion, ok: true, rkey: 1, size: 4096, access: 7},
+		{kind: msgDoorbell},
 	} {
 		f.Add(m.encode(nil))
 	}
