@@ -277,3 +277,68 @@ func TestScribbledRegion(t *testing.T) {
 	require.Equal(t, uint32(2), pollWait(t, b.cq, 1)[0].Imm)
 	require.Equal(t, "after the scribbling", string(b.mr.Bytes()[128:148]))
 }
+
+// TestScribbledChannel: a responder that writes garbage into the channel (impossible
+// cursors, an oversized or malformed record) has the requester end the connection at
+// once: with an ACK timeout of 0, which would wait forever for a silent responder, the
+// WR completes with RETRY_EXC_ERR and the QP goes to ERROR: a clean error, no crash, no
+// hang.
+func TestScribbledChannel(t *testing.T) {
+	tests := []struct {
+		name     string
+		scribble func(ch *channel)
+	}{
+		{"CursorAhead", func(ch *channel) { atomic.StoreUint64(ch.word64(offRespProd), 1<<50) }},
+		{"CursorMisaligned", func(ch *channel) { atomic.StoreUint64(ch.word64(offRespProd), 3) }},
+		{"RecordTooLong", func(ch *channel) {
+			le.PutUint32(ch.mem[chanHeader+reqRingSize:], responseLen+8)
+			atomic.StoreUint64(ch.word64(offRespProd), 24)
+		}},
+		{"GarbageRecord", func(ch *channel) {
+			r := ch.responseRing()
+			r.push([]byte{0xff, 1, 2, 3}, false)
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newProvider(t, 1)
+			q := &QP{}
+			ln, err := listenQP(q)
+			require.NoError(t, err)
+			var wg sync.WaitGroup
+			t.Cleanup(func() { ln.Close(); wg.Wait() })
+			wg.Add(1)
+			go func() { // a responder that maps each channel it is given and scribbles on it
+				defer wg.Done()
+				for {
+					c, err := ln.AcceptUnix()
+					if err != nil {
+						return
+					}
+					buf, oob := make([]byte, 64), make([]byte, unix.CmsgSpace(4))
+					_, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+					if fds := parseFDs(oob[:oobn]); err == nil && len(fds) == 1 {
+						if ch, err := mapChannel(fds[0]); err == nil {
+							tt.scribble(ch)
+							c.Write(doorbell) // the requester may sleep
+							ch.unmap()
+						}
+					}
+					for { // hold the connection until the requester drops it
+						if _, err := c.Read(buf); err != nil {
+							break
+						}
+					}
+					c.Close()
+				}
+			}()
+			a := newEnd(t, p, "shm0", 4096)
+			a.link(t, a.gid, q.qpn, 0, 2) // ACK timeout 0: only a broken link ends the wait
+			wr := writeImm(1, a.mr, a.mr, 0, 64)
+			require.NoError(t, a.qp.PostSend([]verbs.SendWR{wr}))
+			wc := pollWait(t, a.cq, 1)[0]
+			require.Equal(t, verbs.WCRetryExcErr, wc.Status, "completion %+v", wc)
+			require.Equal(t, verbs.QPStateError, a.qp.State())
+		})
+	}
+}
