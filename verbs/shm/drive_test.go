@@ -148,3 +148,47 @@ func TestPipelinedRNR(t *testing.T) {
 	require.Equal(t, uint64(n-1), wcs[0].WRID)
 	require.Equal(t, x.mr.Bytes()[:n*64], y.mr.Bytes()[:n*64], "the payloads")
 }
+
+// TestPipelinedSendsFillRing: SENDs large enough to fill the request ring (four fit),
+// into a responder short of receive WQEs: the requester waits for room, resends from
+// each RNR NAK, and every SEND lands once, in order.
+func TestPipelinedSendsFillRing(t *testing.T) {
+	const n, size = 24, 60 << 10
+	p := newProvider(t, 2)
+	x := newEnd(t, p, "shm0", n*size)
+	y := newEnd(t, p, "shm1", n*size)
+	connectEnds(t, x, y, 0, 7)
+	recv := func(i int) verbs.RecvWR {
+		return verbs.RecvWR{ID: uint64(i), SGL: []verbs.SGE{{Addr: y.mr.Addr() + uint64(i*size), Length: size, LKey: y.mr.LKey()}}}
+	}
+	require.NoError(t, y.qp.PostRecv([]verbs.RecvWR{recv(0)}))
+	for i := range x.mr.Bytes() {
+		x.mr.Bytes()[i] = byte(i*7 + i>>16)
+	}
+	wrs := make([]verbs.SendWR, n)
+	for i := range wrs {
+		wrs[i] = verbs.SendWR{ID: uint64(i), Opcode: verbs.OpSend, Flags: verbs.SendSignaled,
+			SGL: []verbs.SGE{{Addr: x.mr.Addr() + uint64(i*size), Length: size, LKey: x.mr.LKey()}}}
+	}
+	require.NoError(t, x.qp.PostSend(wrs))
+	var wc [4]verbs.WorkCompletion
+	deadline := time.Now().Add(20 * time.Second)
+	for got := 0; got < n; {
+		k, err := y.cq.Poll(wc[:])
+		require.NoError(t, err)
+		for _, c := range wc[:k] {
+			require.Equal(t, verbs.WCSuccess, c.Status, "receive %d", got)
+			require.Equal(t, uint64(got), c.WRID, "receives in order, each once")
+			if got++; got < n {
+				require.NoError(t, y.qp.PostRecv([]verbs.RecvWR{recv(got)}))
+			}
+		}
+		if k == 0 {
+			require.False(t, time.Now().After(deadline), "waited 20 s for %d receives, got %d", n, got)
+		}
+	}
+	for i, c := range pollWait(t, x.cq, n) {
+		require.Equal(t, verbs.WCSuccess, c.Status, "send %d", i)
+	}
+	require.Equal(t, x.mr.Bytes(), y.mr.Bytes(), "the payloads")
+}

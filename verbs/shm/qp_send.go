@@ -237,7 +237,7 @@ func (q *QP) kickLocked() {
 			i -= len(q.sq.ring)
 		}
 		e := &q.sq.ring[i]
-		if e.forever || q.sq.inflight >= maxInflight {
+		if e.forever {
 			return
 		}
 		if d := time.Until(e.due); !e.due.IsZero() && d > 0 {
@@ -272,6 +272,9 @@ func (q *QP) kickLocked() {
 			q.out.Store(c)
 		}
 		c := q.sq.conn
+		if q.sq.inflight+c.skip >= maxInflight {
+			return // the responses awaited fill the response ring
+		}
 		remote := e.op == verbs.OpRDMAWrite || e.op == verbs.OpRDMAWriteWithImm || e.op == verbs.OpRDMARead
 		if remote && !e.queried && c.region(e.rkey) == nil && q.wrLength(e) > 0 {
 			if !head {
@@ -297,7 +300,7 @@ func (q *QP) kickLocked() {
 			return
 		}
 		ok, err := c.push(out)
-		if err != nil || (!ok && head) {
+		if err != nil || (!ok && head && c.skip == 0) { // full, and nothing will empty it
 			c.fail(err)
 			if head {
 				q.lostLocked(e, true)
@@ -479,6 +482,7 @@ func (q *QP) onResponse(c *peerConn, m *msg) {
 	}
 	if c.skip > 0 { // the answer to a request abandoned by a rewind
 		c.skip--
+		q.kickLocked() // its request left room in the request ring
 		q.sq.mu.Unlock()
 		return
 	}
