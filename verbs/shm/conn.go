@@ -19,10 +19,11 @@ import (
 // passing the connection's channel (channel.go). From then on its requests go through
 // the channel, pipelined, and a goroutine of the requester's reads the responses. On
 // the responder's side the QP's accept loop checks the dialer's user (SO_PEERCRED) and
-// serves the connection on a goroutine of its own. Both goroutines poll their ring for a
-// while, then sleep in the netpoller on the socket until a doorbell or a datagram comes:
-// no thread waits in a system call. The socket also tells each side of the other's
-// death: it closes with the process.
+// serves the connection on a goroutine of its own. Polling a CQ drains the rings that
+// feed it too (drive.go); the goroutines drain what no poller does and sleep in the
+// netpoller on the socket until a doorbell or a datagram comes: no thread waits in a
+// system call. The socket also tells each side of the other's death: it closes with the
+// process.
 
 // peerConn is a requester QP's connection to its destination QP, its channel and the
 // regions of the destination it has mapped. Everything but dead, mu and what mu guards

@@ -20,15 +20,18 @@ import (
 // While its CQ is being polled, and not armed, serve leaves the request ring to the
 // polls and sleeps for a lease (pollLease) without saying so in the channel, so that
 // the requester rings no doorbells the poller does not need; it looks again when the
-// lease ends, or at once when the CQ is armed. Otherwise (the CQ is armed, or no longer polled) it polls the ring
-// itself for a moment (armedSpin), then says it sleeps, looks once more, and blocks on
-// the socket. Arming a CQ (ReqNotify) says so for every ring that feeds it, so that the
-// next record rings the doorbell of a goroutine that then completes into the armed CQ
-// and raises its event. readLoop always says it sleeps; responders ring its doorbell
-// only for responses a requester asked to have at once (reqNotify, wire.go).
+// lease ends, or at once when the CQ is armed. Otherwise (the CQ is armed, or no longer
+// polled) it polls the ring itself for a moment (armedSpin), then says it sleeps, looks
+// once more, and blocks on the socket. Arming a CQ (ReqNotify) says so for every ring
+// that feeds it, so that the next record rings the doorbell of a goroutine that then
+// completes into the armed CQ and raises its event. readLoop always says it sleeps;
+// responders ring its doorbell only for responses a requester asked to have at once
+// (reqNotify, wire.go).
 //
-// An empty Poll yields the processor (yieldCPU): an application spinning on its CQ
-// leaves the cores to the peer process, which fills it.
+// Every yieldEvery-th empty Poll yields the processor (yieldCPU): an application
+// spinning on its CQ leaves the cores to the peer process, which fills it. A CQ fed by
+// more than maxDriven QPs (one CQ serving many connections) is not driven: its rings
+// go through the goroutines and doorbells only.
 
 // pollLease is how long serve sleeps without a doorbell while its CQ is being polled.
 const pollLease = time.Millisecond

@@ -64,7 +64,7 @@ type sendQueue struct {
 	inline  []byte
 	scratch []byte
 	vec     [][]byte
-	out     []byte // the datagram being sent
+	out     []byte // the request record being built
 
 	posted     uint64
 	unreported uint64

@@ -32,10 +32,10 @@ const (
 	maxWCStatus = uint32(verbs.WCTMRndvIncomplete)
 )
 
-// PostSend posts work requests to the send queue. The first one with nothing ahead of
-// it is started inside PostSend: its payload copied into the peer's region (RDMA WRITE)
-// or the request datagram (SEND), and its request sent. The rest start as responses come
-// back, on the connection's reading goroutine.
+// PostSend posts work requests to the send queue and places their requests in the
+// connection's channel as far as the pipeline allows (see kickLocked): each payload
+// copied into the peer's region (RDMA WRITE) or the request record (SEND). The rest go
+// as responses come back, on whichever goroutine handles them (a Poll or readLoop).
 func (q *QP) PostSend(wrs []verbs.SendWR) error {
 	q.sq.mu.Lock()
 	var err error

@@ -62,8 +62,8 @@ const (
 	regionLen   = 32
 	doorbellLen = 1
 
-	// maxSendPayload is the largest SEND: its payload travels in the request datagram,
-	// which must fit the socket's send buffer.
+	// maxSendPayload is the largest SEND: its payload travels in the request record,
+	// which must fit the request ring.
 	maxSendPayload = 64 << 10
 	maxMsg         = requestLen + maxSendPayload
 )
