@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 
+	"github.com/rsockio/rsock/rsock/internal/rdma"
 	"github.com/rsockio/rsock/verbs"
 	"github.com/rsockio/rsock/verbs/auto"
 )
@@ -47,6 +48,28 @@ func (c *Config) sameHostProvider(boot bootConn) verbs.Provider {
 		return nil
 	}
 	return p
+}
+
+// A same-host connection whose Config leaves the ring and staging sizes to the
+// defaults lets its ring grow to sameHostGrowRingTo and its staging buffer to
+// sameHostSendBuffer, rather than the RDMA defaults (128 KiB, 64 KiB): shared memory is
+// not pinned, and a larger window saves a stream between two processes most of its
+// credit round trips, each a wake-up of the other process. Idle connections shrink back
+// to the first ring all the same.
+const (
+	sameHostGrowRingTo = 512 << 10
+	sameHostSendBuffer = 512 << 10
+)
+
+// sameHostOptions applies those defaults to engine options o.
+func sameHostOptions(o rdma.Options) rdma.Options {
+	if o.RingSize == 0 && o.GrowRingTo == 0 {
+		o.GrowRingTo = sameHostGrowRingTo
+	}
+	if o.SendBufferSize == 0 {
+		o.SendBufferSize = sameHostSendBuffer
+	}
+	return o
 }
 
 // sameHost reports whether boot's peer is on this host: a loopback address, or this

@@ -13,6 +13,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/rsockio/rsock/rsock/internal/rdma"
 )
 
 // shmEchoEnv, in a re-executed test binary's environment, makes it an rsock echo server
@@ -175,3 +177,22 @@ type fakeBoot struct {
 
 func (f fakeBoot) LocalAddr() net.Addr  { return f.local }
 func (f fakeBoot) RemoteAddr() net.Addr { return f.remote }
+
+// TestSameHostOptions: a same-host connection grows its ring and staging buffer further
+// than the RDMA defaults, unless the Config sets its own sizes.
+func TestSameHostOptions(t *testing.T) {
+	tests := []struct {
+		name     string
+		in, want rdma.Options
+	}{
+		{"Defaults", rdma.Options{}, rdma.Options{GrowRingTo: sameHostGrowRingTo, SendBufferSize: sameHostSendBuffer}},
+		{"FixedRing", rdma.Options{RingSize: 256 << 10}, rdma.Options{RingSize: 256 << 10, SendBufferSize: sameHostSendBuffer}},
+		{"OwnGrowth", rdma.Options{GrowRingTo: 32 << 10}, rdma.Options{GrowRingTo: 32 << 10, SendBufferSize: sameHostSendBuffer}},
+		{"OwnStaging", rdma.Options{SendBufferSize: 4 << 10}, rdma.Options{GrowRingTo: sameHostGrowRingTo, SendBufferSize: 4 << 10}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			require.Equal(t, tt.want, sameHostOptions(tt.in), "sameHostOptions(%+v)", tt.in)
+		})
+	}
+}

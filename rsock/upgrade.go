@@ -511,6 +511,7 @@ func offerOf(e rdmaEndpoint) rdma.Offer {
 // not nil, is charged for the endpoint's QP and registered memory. p, if not nil, is
 // the provider to use instead of the configured one (the same-host provider, shm.go).
 func prepareEndpoint(ctx context.Context, cfg *Config, boot bootConn, budget rdma.Budget, p verbs.Provider) (ep *rdma.Endpoint, reason, err error) {
+	sameHost := p != nil
 	if p == nil {
 		if p, err = cfg.provider(); err != nil {
 			return nil, &FallbackError{Err: err}, nil
@@ -521,6 +522,9 @@ func prepareEndpoint(ctx context.Context, cfg *Config, boot bootConn, budget rdm
 		return nil, &FallbackError{Err: fmt.Errorf("%w: no local IP address for %v", ErrNoDevice, boot.LocalAddr())}, nil
 	}
 	opts := cfg.rdmaOptions()
+	if sameHost {
+		opts = sameHostOptions(opts)
+	}
 	opts.Budget = budget
 	ep, err = rdma.PrepareContext(ctx, p, ip, opts)
 	switch {

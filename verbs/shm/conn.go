@@ -6,6 +6,8 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -13,34 +15,51 @@ import (
 )
 
 // Connections: a requester QP dials the abstract Unix socket (SOCK_SEQPACKET) of its
-// destination QP, checks that the listener runs as an allowed user, says hello, and
-// from then on sends one request or region query at a time; a goroutine of the
-// requester's reads the answers. On the responder's side the QP's accept loop checks
-// the dialer's user (SO_PEERCRED) and serves the connection on a goroutine of its own.
-// Both goroutines park in the netpoller while nothing arrives: the datagram is the
-// doorbell, and no thread waits in a system call.
+// destination QP, checks that the listener runs as an allowed user, and says hello,
+// passing the connection's channel (channel.go). From then on its requests go through
+// the channel, pipelined, and a goroutine of the requester's reads the responses. On
+// the responder's side the QP's accept loop checks the dialer's user (SO_PEERCRED) and
+// serves the connection on a goroutine of its own. Polling a CQ drains the rings that
+// feed it too (drive.go); the goroutines drain what no poller does and sleep in the
+// netpoller on the socket until a doorbell or a datagram comes: no thread waits in a
+// system call. The socket also tells each side of the other's death: it closes with the
+// process.
 
-// peerConn is a requester QP's connection to its destination QP, and the regions of
-// the destination it has mapped. Everything but dead is guarded by the QP's sq.mu.
+// peerConn is a requester QP's connection to its destination QP, its channel and the
+// regions of the destination it has mapped. Everything but dead, mu and what mu guards
+// is guarded by the QP's sq.mu.
 type peerConn struct {
 	c       *net.UnixConn
 	q       *QP
 	dead    atomic.Bool // the connection failed or was closed
 	regions map[uint32]*peerRegion
 	once    sync.Once
+
+	ch   *channel
+	req  ring // the request ring, produced here
+	bell bell
+	skip int // responses still to come for requests abandoned by a rewind
+
+	// mu guards the consumption of the response ring, by readLoop or a Poll of the send
+	// CQ (drive.go), and the mapping: readLoop unmaps it, last, under mu.
+	mu       sync.Mutex
+	resp     ring
+	buf      [responseLen]byte
+	unmapped bool
 }
 
 // peerRegion is a region of the destination QP mapped here.
 type peerRegion struct {
 	addr     uint64
 	mem      []byte
-	writable bool
+	writable bool // mapped writable and granting remote write
+	readable bool // granting remote read
 }
 
 // slice returns the bytes [addr, addr+n) of the region, or false if they are not all
 // inside it.
 func (r *peerRegion) slice(addr uint64, n uint32) ([]byte, bool) {
-	if addr < r.addr {
+	if r == nil || addr < r.addr {
 		return nil, false
 	}
 	off := addr - r.addr
@@ -50,7 +69,8 @@ func (r *peerRegion) slice(addr uint64, n uint32) ([]byte, bool) {
 	return r.mem[off : off+uint64(n) : off+uint64(n)], true
 }
 
-// dialPeer connects q to its destination QP and says hello. The caller holds q.sq.mu.
+// dialPeer connects q to its destination QP and says hello, passing a new channel. The
+// caller holds q.sq.mu.
 func dialPeer(q *QP) (*peerConn, error) {
 	addr := &net.UnixAddr{Name: qpSocketName(q.sq.destQPN), Net: "unixpacket"}
 	c, err := net.DialUnix("unixpacket", nil, addr)
@@ -61,15 +81,55 @@ func dialPeer(q *QP) (*peerConn, error) {
 		c.Close()
 		return nil, err
 	}
-	pc := &peerConn{c: c, q: q, regions: map[uint32]*peerRegion{}}
+	fd, ch, err := newChannelMemory()
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	defer unix.Close(fd)
+	b, err := newBell(c)
+	if err != nil {
+		ch.unmap()
+		c.Close()
+		return nil, err
+	}
+	pc := &peerConn{c: c, q: q, regions: map[uint32]*peerRegion{}, ch: ch,
+		req: ch.requestRing(), resp: ch.responseRing(), bell: b}
 	hello := msg{kind: msgHello, srcQPN: q.qpn, dstQPN: q.sq.destQPN, srcGID: q.sq.sgid}
-	if err := pc.send(hello.encode(make([]byte, 0, helloLen)), -1); err != nil {
+	if err := pc.send(hello.encode(make([]byte, 0, helloLen)), fd); err != nil {
+		ch.unmap()
 		c.Close()
 		return nil, err
 	}
 	go pc.readLoop()
 	return pc, nil
 }
+
+// push publishes a record in the request ring and rings the responder's doorbell if it
+// sleeps. It reports false if the ring is full.
+func (pc *peerConn) push(rec []byte) (bool, error) {
+	ok, wake, err := pc.req.push(rec, true)
+	if wake {
+		pc.bell.ring()
+	}
+	return ok, err
+}
+
+// bell rings a peer's doorbell on a connection's socket.
+type bell struct {
+	raw syscall.RawConn
+	fn  func(fd uintptr) // made once: a closure per ring would allocate
+}
+
+func newBell(c *net.UnixConn) (bell, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return bell{}, fmt.Errorf("shm: raw connection: %w", err)
+	}
+	return bell{raw: raw, fn: func(fd uintptr) { ringDoorbell(int(fd)) }}, nil
+}
+
+func (b bell) ring() { b.raw.Control(b.fn) }
 
 // send writes one datagram, passing fd with it unless fd is negative.
 func (pc *peerConn) send(b []byte, fd int) error {
@@ -99,7 +159,8 @@ func (pc *peerConn) addRegion(m *msg, fd int) error {
 	if old := pc.regions[m.rkey]; old != nil {
 		unmap(old.mem)
 	}
-	pc.regions[m.rkey] = &peerRegion{addr: m.addr, mem: mem, writable: writable && m.access&uint32(verbs.AccessRemoteWrite) != 0}
+	pc.regions[m.rkey] = &peerRegion{addr: m.addr, mem: mem, writable: writable && m.access&uint32(verbs.AccessRemoteWrite) != 0,
+		readable: m.access&uint32(verbs.AccessRemoteRead) != 0}
 	return nil
 }
 
@@ -132,19 +193,37 @@ func unmap(mem []byte) {
 	}
 }
 
-// readLoop reads the answers of the destination QP until the connection ends.
+// readLoop reads the responses of the destination QP from the channel, when no Poll
+// does, and regions and doorbells from the socket, until the connection ends; then it
+// unmaps the channel. It always says when it sleeps: a response that asks for a
+// doorbell (reqNotify) wakes it even while Polls drain the ring, since it is on the
+// socket that regions come.
 func (pc *peerConn) readLoop() {
 	r, err := newMsgReader(pc.c, regionLen+1, unix.CmsgSpace(4*4))
-	for err == nil {
+	for err == nil && !pc.dead.Load() {
+		pc.mu.Lock()
+		var got int
+		got, err = pc.drainLocked()
+		sleep := false
+		if err == nil && got == 0 {
+			atomic.StoreUint32(pc.resp.sleep, 1)
+			if sleep = !pc.resp.pending(); !sleep { // published before the word was seen
+				atomic.StoreUint32(pc.resp.sleep, 0)
+			}
+		}
+		pc.mu.Unlock()
+		if err != nil || !sleep {
+			continue
+		}
 		var n, oobn, flags int
 		n, oobn, flags, err = r.read()
+		atomic.StoreUint32(pc.resp.sleep, 0)
 		if err != nil {
 			break
 		}
-		buf, oob := r.buf, r.oob
 		fd := -1
 		if oobn > 0 {
-			fds := parseFDs(oob[:oobn])
+			fds := parseFDs(r.oob[:oobn])
 			if len(fds) != 1 {
 				closeFDs(fds)
 				break
@@ -152,27 +231,27 @@ func (pc *peerConn) readLoop() {
 			fd = fds[0]
 		}
 		var m msg
-		if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || m.decode(buf[:n]) != nil ||
+		if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || m.decode(r.buf[:n]) != nil ||
 			(m.kind != msgRegion && fd >= 0) {
 			closeFD(fd)
 			break
 		}
 		switch m.kind {
-		case msgResponse:
-			pc.q.onResponse(pc, &m)
+		case msgDoorbell:
 		case msgRegion:
 			pc.q.onRegion(pc, &m, fd)
 		default:
-			closeFD(fd)
-			pc.dead.Store(true)
-			pc.c.Close()
-			pc.q.onConnDown(pc)
-			return
+			err = errMalformed
 		}
 	}
 	pc.dead.Store(true)
 	pc.c.Close()
-	pc.q.onConnDown(pc)
+	pc.q.onConnDown(pc) // after it, the requester pushes nothing more
+	pc.q.out.CompareAndSwap(pc, nil)
+	pc.mu.Lock()
+	pc.unmapped = true
+	pc.ch.unmap()
+	pc.mu.Unlock()
 }
 
 // parseFDs returns the descriptors an SCM_RIGHTS control message carried.
@@ -253,9 +332,12 @@ func (q *QP) acceptLoop() {
 	}
 }
 
-// serve answers one requester's connection: a hello naming q, then requests and region
-// queries. A datagram that breaks the protocol (malformed, truncated, carrying
-// descriptors) ends the connection, which the requester sees as a dead link.
+// serve answers one requester's connection: a hello naming q with the connection's
+// channel, then requests and region queries in the channel's request ring, and
+// doorbells on the socket. Anything that breaks the protocol (a malformed, truncated or
+// unexpected datagram or record, a descriptor where none belongs, an impossible cursor,
+// a response ring the requester let fill) ends the connection, which the requester sees
+// as a dead link.
 func (q *QP) serve(c *net.UnixConn) {
 	p := q.dev.p
 	defer p.wg.Done()
@@ -263,48 +345,98 @@ func (q *QP) serve(c *net.UnixConn) {
 		c.Close()
 		p.untrack(c)
 	}()
-	r, err := newMsgReader(c, maxMsg+1, unix.CmsgSpace(4*8))
+	r, err := newMsgReader(c, helloLen+1, unix.CmsgSpace(4*8))
 	if err != nil {
 		return
 	}
-	buf, oob := r.buf, r.oob
-	out := make([]byte, 0, regionLen)
-	var src requester
-	for said := false; ; said = true {
-		n, oobn, flags, err := r.read()
-		if err != nil {
-			return
+	n, oobn, flags, err := r.read()
+	if err != nil {
+		return
+	}
+	fds := parseFDs(r.oob[:oobn])
+	var m msg
+	if len(fds) != 1 || flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || m.decode(r.buf[:n]) != nil ||
+		m.kind != msgHello || m.dstQPN != q.qpn {
+		closeFDs(fds)
+		return
+	}
+	src := requester{gid: m.srcGID, qpn: m.srcQPN}
+	ch, err := mapChannel(fds[0])
+	if err != nil {
+		return
+	}
+	b, err := newBell(c)
+	if err != nil {
+		ch.unmap()
+		return
+	}
+	in := &inbound{q: q, c: c, src: src, bell: b, ch: ch, reqs: ch.requestRing(), resps: ch.responseRing(),
+		buf: make([]byte, maxMsg), out: make([]byte, 0, regionLen), wake: make(chan struct{}, 1)}
+	q.rq.mu.Lock()
+	if q.rq.srcGID == src.gid && q.rq.srcQPN == src.qpn {
+		q.in.Store(in) // the connection of the QP's peer: Poll drives it
+	}
+	q.rq.mu.Unlock()
+	defer func() {
+		q.in.CompareAndSwap(in, nil)
+		in.mu.Lock()
+		in.dead = true
+		in.mu.Unlock()
+		ch.unmap()
+	}()
+	watch := pollWatch{cq: q.recvCQ}
+	lease := time.NewTimer(pollLease)
+	defer lease.Stop()
+	spun := false // this idle spell was spun through already
+	for {
+		in.mu.Lock()
+		got, err := 0, errClosedConn
+		if !in.dead {
+			got, err = in.drainLocked()
 		}
-		if oobn > 0 { // requesters pass no descriptors
-			closeFDs(parseFDs(oob[:oobn]))
-			return
-		}
-		var m msg
-		if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 || m.decode(buf[:n]) != nil {
-			return
-		}
-		if !said {
-			if m.kind != msgHello || m.dstQPN != q.qpn {
-				return
+		leased, sleep, pos := false, false, in.reqs.pos
+		if err == nil && got == 0 {
+			if leased = watch.active() && q.in.Load() == in; !leased && spun {
+				atomic.StoreUint32(in.reqs.sleep, 1)
+				if sleep = !in.reqs.pending(); !sleep {
+					atomic.StoreUint32(in.reqs.sleep, 0)
+				}
 			}
-			src = requester{gid: m.srcGID, qpn: m.srcQPN}
+		}
+		in.mu.Unlock()
+		switch {
+		case err != nil:
+			return
+		case got > 0:
+			spun = false
+			continue
+		case leased:
+			// Polls drain the ring: look again after the lease, to take over if they
+			// stopped without arming the CQ, or when they arm it.
+			lease.Reset(pollLease)
+			select {
+			case <-lease.C:
+			case <-in.wake:
+				lease.Stop()
+			}
+			continue
+		case !spun:
+			// Poll the ring a moment before saying this side sleeps, which would make
+			// the requester ring.
+			spun = !spinArmed(in.reqs.prod, pos) // serve owns the mapping: no lock needed
+			continue
+		case !sleep:
 			continue
 		}
-		switch m.kind {
-		case msgRequest:
-			resp := q.respond(src, &m)
-			if sendMsg(c, resp.encode(out), -1) != nil {
-				return
-			}
-		case msgMRQuery:
-			reply, fd := q.regionFor(src, m.rkey)
-			err := sendMsg(c, reply.encode(out), fd)
-			closeFD(fd)
-			if err != nil {
-				return
-			}
-		default:
+		spun = false
+		n, oobn, flags, err := r.read()
+		atomic.StoreUint32(in.reqs.sleep, 0)
+		if err != nil || oobn > 0 || flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 ||
+			m.decode(r.buf[:n]) != nil || m.kind != msgDoorbell {
+			closeFDs(parseFDs(r.oob[:oobn]))
 			return
 		}
 	}
 }
+
+var errClosedConn = errors.New("shm: connection closed")

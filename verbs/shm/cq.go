@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/rsockio/rsock/verbs"
 )
@@ -36,6 +37,11 @@ type CQ struct {
 	users         int // QPs using the CQ
 
 	eventQueued bool // an event for this CQ waits in ch; guarded by ch.mu
+
+	feedMu    sync.Mutex
+	feeders   atomic.Pointer[[]*QP] // QPs whose rings Poll drains (drive.go)
+	polls     atomic.Uint64         // Poll calls, for the goroutines that watch them
+	armedHint atomic.Bool           // armed, readable without mu
 }
 
 // cqEntry is a completion and the work-queue slots that polling it releases.
@@ -51,7 +57,12 @@ type cqEntry struct {
 func (c *CQ) Capacity() int { return len(c.ring) }
 
 // Poll moves up to len(wc) completions into wc. It allocates nothing.
+//
+// It first drains the rings of the QPs that feed the CQ (drive.go): a polling
+// application moves their requests and responses itself.
 func (c *CQ) Poll(wc []verbs.WorkCompletion) (int, error) {
+	c.polls.Add(1)
+	c.drive()
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -79,6 +90,9 @@ func (c *CQ) Poll(wc []verbs.WorkCompletion) (int, error) {
 	}
 	c.n -= n
 	c.mu.Unlock()
+	if n == 0 && c.polls.Load()%yieldEvery == 0 {
+		yieldCPU() // drive.go
+	}
 	return n, nil
 }
 
@@ -104,6 +118,7 @@ func (c *CQ) push(wc *verbs.WorkCompletion, qp *QP, sendSlot, recvSlot uint32, s
 	c.n++
 	if c.armed && (!c.solicitedOnly || solicited || wc.Status != verbs.WCSuccess) {
 		c.armed = false
+		c.armedHint.Store(false)
 		if c.ch != nil {
 			c.ch.notify(c)
 		}
@@ -152,13 +167,17 @@ func (c *CQ) unuse() {
 // ReqNotify arms the CQ: the next completion added to it (with solicitedOnly, the next
 // solicited or failed one) produces one event on its channel. Completions already in the
 // CQ produce none, so poll once more after arming.
+//
+// Arming also tells the peers that feed the CQ through rings to ring their doorbells:
+// no one polls them now (drive.go).
 func (c *CQ) ReqNotify(solicitedOnly bool) error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	switch {
 	case c.closed:
+		c.mu.Unlock()
 		return fmt.Errorf("shm: arm CQ: %w", verbs.ErrClosed)
 	case c.overflowed:
+		c.mu.Unlock()
 		return fmt.Errorf("shm: arm CQ: %w", verbs.ErrCQOverflow)
 	}
 	if !c.armed {
@@ -166,6 +185,9 @@ func (c *CQ) ReqNotify(solicitedOnly bool) error {
 	} else if !solicitedOnly {
 		c.solicitedOnly = false
 	}
+	c.armedHint.Store(true)
+	c.mu.Unlock()
+	c.announceSleep()
 	return nil
 }
 

@@ -22,30 +22,50 @@
 // # How it works
 //
 // Memory regions are memfds, mapped shared and sealed against shrinking. A requester QP
-// connects to its destination QP's socket (SOCK_SEQPACKET) and sends its work requests
-// one at a time, numbered by PSN, each answered by the responder:
+// connects to its destination QP's socket (SOCK_SEQPACKET) and passes, with its hello, a
+// channel: a memfd holding a request ring and a response ring, their cursors and a
+// "sleeping" word for each consumer (channel.go). It places its work requests in the
+// request ring, numbered by PSN, many ahead of their answers (pipelined), and the
+// responder answers each, in order, in the response ring:
 //
 //   - RDMA WRITE (with or without immediate): the first request naming an rkey asks the
-//     responder for that region; the responder passes the memfd (SCM_RIGHTS) if
-//     the key names a region of the responder QP's PD that grants a remote access, and
-//     read-only when it grants remote read only. The requester maps it, copies the
-//     payload straight into it, then sends the request, which the responder checks (QP
-//     state and peer, access flags, rkey, bounds, a receive WQE for the immediate) and
-//     completes in its CQ before it answers: ACK, RNR NAK, error, or drop (lost).
+//     responder for that region; the responder passes the memfd (SCM_RIGHTS, on the
+//     socket) if the key names a region of the responder QP's PD that grants a remote
+//     access, and read-only when it grants remote read only. The requester maps it and
+//     copies each payload straight into it as it places the request, which the
+//     responder checks (QP state and peer, access flags, rkey, bounds, a receive WQE for
+//     the immediate) and completes in its CQ before it answers: ACK, RNR NAK, error, or
+//     drop (lost).
 //   - RDMA READ: the same region query; the responder checks and acknowledges, and the
 //     requester copies out of its mapping.
-//   - SEND: the payload travels in the request datagram (at most 64 KiB) and the
-//     responder scatters it into its receive WQE's buffers.
+//   - SEND: the payload travels in the request record (at most 64 KiB) and the responder
+//     scatters it into its receive WQE's buffers.
 //
-// Nothing in shared memory but payload bytes: no queue, index or completion lives there,
-// so a peer that scribbles over a region it was given can change only the bytes of that
-// region, never this process's control state. Every datagram is decoded with bounds
-// checks; one that breaks the protocol ends the connection, which the requester sees as a
-// dead link. Peers must run as the same user (SO_PEERCRED, checked in both directions)
-// unless [Options].AllowUIDs says otherwise.
+// An RNR NAK or a loss makes the requester abandon the requests behind the refused one
+// (the responder drops them as out of sequence) and resend from it, go-back-N. A
+// request the requester's own copy of the region refuses is sent alone, nothing behind
+// it until its answer, so that no later payload lands in a region whose QP the refusal
+// moves to ERROR.
 //
-// Each connection has a goroutine on each side that parks in the netpoller while nothing
-// arrives: the datagram is the doorbell, and no thread sleeps in a system call.
+// Polling a CQ drains the rings that feed it before it reaps (drive.go): the request
+// rings of its QPs' incoming connections and the response rings of their outgoing ones,
+// so a busy-polling application moves requests and completions itself, with no
+// wake-up and no system call; an empty poll yields the processor (sched_yield) to the
+// peer process that should fill it. A goroutine per connection end covers the rest and
+// sleeps in the netpoller on the socket: it says so in the channel first, and the peer
+// that publishes a record for a sleeping consumer rings its doorbell, a one-byte
+// datagram. Arming a CQ says so for every ring that feeds it. Responses wake a sleeping
+// requester only when it asked (a signaled WR, a READ, a pipeline filling up) or when
+// they are not plain acknowledgements.
+//
+// In shared memory are payload bytes, the channel's records and its cursors, nothing
+// else: a peer that scribbles over a region it was given can change only the bytes of
+// that region, and one that scribbles over a channel can only break that connection.
+// Every cursor and record length read from a channel is checked against the ring and
+// the bytes published, records are copied out before they are decoded, and each side
+// keeps its own cursors in private memory; a violation ends the connection, which the
+// requester sees as a dead link. Peers must run as the same user (SO_PEERCRED, checked
+// in both directions) unless [Options].AllowUIDs says otherwise.
 //
 // # Rules enforced
 //
@@ -68,9 +88,11 @@
 //
 // # Deviations from hardware
 //
-//   - Requests are executed one at a time per QP (stop-and-wait), not pipelined: each
-//     work request costs a round trip of datagrams and two goroutine wake-ups, which
-//     bounds throughput and latency well below a Unix socket's today.
+//   - The payload of an RDMA WRITE lands when the requester places the request, which
+//     may be before the responder executes the requests ahead of it: a request that an
+//     RNR NAK or a loss ahead of it sends again writes the same bytes twice, and one
+//     behind a request that fails at the responder (but passed the requester's own
+//     checks) can land in a region whose QP then goes to ERROR.
 //   - An answer that outlasts the ACK timeout (a loaded machine) makes the requester
 //     retransmit over a new connection; the PSN keeps the responder from executing the
 //     request twice.

@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -135,8 +136,9 @@ func TestHostileResponder(t *testing.T) {
 	}
 }
 
-// TestHostileRequester: datagrams that break the protocol end that connection only; the
-// device keeps serving, and a request for a QP it does not have is dropped.
+// TestHostileRequester: datagrams, channels and records that break the protocol end
+// that connection only; the device keeps serving, and a request from a QP that is not
+// the responder's peer is dropped.
 func TestHostileRequester(t *testing.T) {
 	p := newProvider(t, 2)
 	a := newEnd(t, p, "shm0", 4096)
@@ -147,34 +149,77 @@ func TestHostileRequester(t *testing.T) {
 	}
 	aq, bq := a.qp.QPN(), b.qp.QPN()
 	write := (&msg{kind: msgRequest, op: opWrite, rkey: b.mr.RKey(), length: 8, addr: b.mr.Addr()}).encode(nil)
+	// A channel's memfd and its request ring, as a requester makes them.
+	channelFD := func(t *testing.T) (int, *channel) {
+		fd, ch, err := newChannelMemory()
+		require.NoError(t, err)
+		t.Cleanup(func() { unix.Close(fd); ch.unmap() })
+		return fd, ch
+	}
+	push := func(rec []byte) func(*testing.T, *channel) {
+		return func(t *testing.T, ch *channel) {
+			r := ch.requestRing()
+			ok, _, err := r.push(rec, true)
+			require.True(t, ok && err == nil, "push(%x) = %v, %v", rec, ok, err)
+		}
+	}
 	tests := []struct {
-		name   string
-		send   [][]byte
-		fds    bool // pass a descriptor with the last datagram
-		answer []byte
+		name    string
+		send    [][]byte // datagrams; the first carries the channel if channel is set
+		channel int      // 0: none; 1: a good channel; 2: unsealed; 3: too small
+		records func(t *testing.T, ch *channel)
+		answer  []byte // the response expected in the response ring; nil: the connection ends
 	}{
-		{"Garbage", [][]byte{{0xff}}, false, nil},
-		{"RequestBeforeHello", [][]byte{write}, false, nil},
-		{"SecondHello", [][]byte{hello(aq, bq), hello(aq, bq)}, false, nil},
-		{"TruncatedRequest", [][]byte{hello(aq, bq), write[:10]}, false, nil},
-		{"Oversized", [][]byte{hello(aq, bq), make([]byte, maxMsg+10)}, false, nil},
-		{"Descriptor", [][]byte{hello(aq, bq), write}, true, nil},
-		{"HelloForAnotherQP", [][]byte{hello(aq, bq^1), write}, false, nil},
-		{"NotItsPeer", [][]byte{hello(aq^1, bq), write}, false, (&msg{kind: msgResponse, respKind: respDrop}).encode(nil)},
+		{"Garbage", [][]byte{{0xff}}, 0, nil, nil},
+		{"RequestBeforeHello", [][]byte{write}, 0, nil, nil},
+		{"HelloWithoutChannel", [][]byte{hello(aq, bq)}, 0, nil, nil},
+		{"UnsealedChannel", [][]byte{hello(aq, bq)}, 2, nil, nil},
+		{"SmallChannel", [][]byte{hello(aq, bq)}, 3, nil, nil},
+		{"HelloForAnotherQP", [][]byte{hello(aq, bq^1)}, 1, push(write), nil},
+		{"SecondHello", [][]byte{hello(aq, bq), hello(aq, bq)}, 1, nil, nil},
+		{"RequestOnTheSocket", [][]byte{hello(aq, bq), write}, 1, nil, nil},
+		{"GarbageRecord", [][]byte{hello(aq, bq)}, 1, push([]byte{0xff}), nil},
+		{"TruncatedRequest", [][]byte{hello(aq, bq)}, 1, push(write[:10]), nil},
+		{"CursorAhead", [][]byte{hello(aq, bq)}, 1, func(_ *testing.T, ch *channel) {
+			atomic.StoreUint64(ch.word64(offReqProd), 1<<40)
+		}, nil},
+		{"RecordPastCursor", [][]byte{hello(aq, bq)}, 1, func(_ *testing.T, ch *channel) {
+			le.PutUint32(ch.mem[chanHeader:], 4096)
+			atomic.StoreUint64(ch.word64(offReqProd), 8)
+		}, nil},
+		{"NotItsPeer", [][]byte{hello(aq^1, bq)}, 1, push(write), (&msg{kind: msgResponse, respKind: respDrop}).encode(nil)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: qpSocketName(bq), Net: "unixpacket"})
 			require.NoError(t, err)
 			defer c.Close()
+			var ch *channel
+			var fd int
+			switch tt.channel {
+			case 1:
+				fd, ch = channelFD(t)
+				// The test sleeps on the socket for its answer: the responder rings.
+				atomic.StoreUint32(ch.word32(offReqSleep), 1)
+			case 2:
+				fd = sealedMemfd(t, chanSize, false)
+				defer unix.Close(fd)
+			case 3:
+				fd = sealedMemfd(t, chanSize-4096, true)
+				defer unix.Close(fd)
+			}
+			if ch != nil && tt.records != nil {
+				tt.records(t, ch)
+			}
 			for i, d := range tt.send {
 				var oob []byte
-				if tt.fds && i == len(tt.send)-1 {
-					fd := sealedMemfd(t, 4096, true)
-					defer unix.Close(fd)
+				if tt.channel != 0 && i == 0 {
 					oob = unix.UnixRights(fd)
 				}
 				_, _, err := c.WriteMsgUnix(d, oob, nil)
+				if tt.answer == nil && err != nil {
+					return // closed already
+				}
 				require.NoError(t, err)
 			}
 			buf := make([]byte, 64)
@@ -184,7 +229,11 @@ func TestHostileRequester(t *testing.T) {
 				return
 			}
 			require.NoError(t, err)
-			require.Equal(t, tt.answer, buf[:n])
+			require.Equal(t, doorbell, buf[:n], "the responder's doorbell")
+			r := ch.responseRing()
+			got, err := r.pop(buf)
+			require.NoError(t, err)
+			require.Equal(t, tt.answer, got)
 		})
 	}
 
@@ -227,4 +276,69 @@ func TestScribbledRegion(t *testing.T) {
 	require.Equal(t, verbs.WCSuccess, pollWait(t, a.cq, 1)[0].Status)
 	require.Equal(t, uint32(2), pollWait(t, b.cq, 1)[0].Imm)
 	require.Equal(t, "after the scribbling", string(b.mr.Bytes()[128:148]))
+}
+
+// TestScribbledChannel: a responder that writes garbage into the channel (impossible
+// cursors, an oversized or malformed record) has the requester end the connection at
+// once: with an ACK timeout of 0, which would wait forever for a silent responder, the
+// WR completes with RETRY_EXC_ERR and the QP goes to ERROR: a clean error, no crash, no
+// hang.
+func TestScribbledChannel(t *testing.T) {
+	tests := []struct {
+		name     string
+		scribble func(ch *channel)
+	}{
+		{"CursorAhead", func(ch *channel) { atomic.StoreUint64(ch.word64(offRespProd), 1<<50) }},
+		{"CursorMisaligned", func(ch *channel) { atomic.StoreUint64(ch.word64(offRespProd), 3) }},
+		{"RecordTooLong", func(ch *channel) {
+			le.PutUint32(ch.mem[chanHeader+reqRingSize:], responseLen+8)
+			atomic.StoreUint64(ch.word64(offRespProd), 24)
+		}},
+		{"GarbageRecord", func(ch *channel) {
+			r := ch.responseRing()
+			r.push([]byte{0xff, 1, 2, 3}, false)
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newProvider(t, 1)
+			q := &QP{}
+			ln, err := listenQP(q)
+			require.NoError(t, err)
+			var wg sync.WaitGroup
+			t.Cleanup(func() { ln.Close(); wg.Wait() })
+			wg.Add(1)
+			go func() { // a responder that maps each channel it is given and scribbles on it
+				defer wg.Done()
+				for {
+					c, err := ln.AcceptUnix()
+					if err != nil {
+						return
+					}
+					buf, oob := make([]byte, 64), make([]byte, unix.CmsgSpace(4))
+					_, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+					if fds := parseFDs(oob[:oobn]); err == nil && len(fds) == 1 {
+						if ch, err := mapChannel(fds[0]); err == nil {
+							tt.scribble(ch)
+							c.Write(doorbell) // the requester may sleep
+							ch.unmap()
+						}
+					}
+					for { // hold the connection until the requester drops it
+						if _, err := c.Read(buf); err != nil {
+							break
+						}
+					}
+					c.Close()
+				}
+			}()
+			a := newEnd(t, p, "shm0", 4096)
+			a.link(t, a.gid, q.qpn, 0, 2) // ACK timeout 0: only a broken link ends the wait
+			wr := writeImm(1, a.mr, a.mr, 0, 64)
+			require.NoError(t, a.qp.PostSend([]verbs.SendWR{wr}))
+			wc := pollWait(t, a.cq, 1)[0]
+			require.Equal(t, verbs.WCRetryExcErr, wc.Status, "completion %+v", wc)
+			require.Equal(t, verbs.QPStateError, a.qp.State())
+		})
+	}
 }

@@ -18,9 +18,11 @@ import (
 // verbs/soft (see the package documentation), between processes.
 //
 // Its send queue (the requester) and receive queue (the responder) have a mutex each. The
-// requester sends one request at a time over its connection to the destination QP
-// and waits for its response before the next (stop-and-wait), which keeps execution and
-// completion in order and makes an RNR NAK or a loss hold back every WR behind it.
+// requester places requests in its connection's channel to the destination QP ahead of
+// their responses (pipelined, up to maxInflight); the responder executes them in PSN
+// order and answers each in order. An RNR NAK or a loss of the oldest makes the
+// requester abandon the ones behind it (the responder drops them: out of sequence) and
+// retransmit from the oldest, go-back-N, which keeps execution and completion in order.
 type QP struct {
 	dev    *device
 	pd     *PD
@@ -47,6 +49,9 @@ type QP struct {
 
 	sq sendQueue
 	rq recvQueue
+
+	in  atomic.Pointer[inbound]  // the peer's connection to this QP, which Polls drive
+	out atomic.Pointer[peerConn] // sq.conn, for Polls to drive
 }
 
 // sendQueue is the requester side of a QP, guarded by mu.
@@ -59,7 +64,7 @@ type sendQueue struct {
 	inline  []byte
 	scratch []byte
 	vec     [][]byte
-	out     []byte // the datagram being sent
+	out     []byte // the request record being built
 
 	posted     uint64
 	unreported uint64
@@ -74,10 +79,11 @@ type sendQueue struct {
 	rnrRetry uint8
 
 	conn     *peerConn // connection to the destination QP, nil until first needed
-	busy     bool      // the head WR's request or region query awaits its answer
-	querying bool      // what is busy is a region query
-	deadline time.Time // when busy, the end of its ACK timeout
-	waiting  bool      // the head WR waits for the timer
+	inflight int       // WRs from the head whose requests await their responses
+	querying bool      // the head WR's region query awaits its answer (inflight is 0)
+	deadline time.Time // when busy, the end of the ACK timeout of the oldest answer awaited
+	waiting  bool      // the head WR waits for the timer (inflight is 0)
+	fence    bool      // a request in flight is one this side expects refused: none may follow
 }
 
 // recvQueue is the responder side of a QP, guarded by mu.
@@ -185,6 +191,10 @@ func (p *PD) CreateQP(attr verbs.QPInitAttr) (verbs.QP, error) {
 	d.qpMu.Lock()
 	d.qps[q.qpn] = q
 	d.qpMu.Unlock()
+	scq.addFeeder(q)
+	if rcq != scq {
+		rcq.addFeeder(q)
+	}
 	if !d.p.track(ln) {
 		q.Close()
 		return nil, fmt.Errorf("shm: create QP: provider closed: %w", verbs.ErrClosed)
@@ -348,11 +358,12 @@ func (q *QP) ToReset() error {
 func (q *QP) discardLocked() {
 	clear(q.sq.ring)
 	clear(q.rq.ring)
-	q.sq.head, q.sq.n, q.sq.busy, q.sq.waiting = 0, 0, false, false
+	q.sq.head, q.sq.n, q.sq.inflight, q.sq.querying, q.sq.waiting = 0, 0, 0, false, false
 	q.rq.head, q.rq.n = 0, 0
 	if q.sq.conn != nil {
 		q.sq.conn.close()
 		q.sq.conn = nil
+		q.out.Store(nil)
 	}
 	q.sendCQ.forget(q)
 	q.recvCQ.forget(q)
@@ -374,6 +385,8 @@ func (q *QP) Close() error {
 	q.dev.qpMu.Lock()
 	delete(q.dev.qps, q.qpn)
 	q.dev.qpMu.Unlock()
+	q.sendCQ.removeFeeder(q)
+	q.recvCQ.removeFeeder(q)
 	q.sendCQ.unuse()
 	q.recvCQ.unuse()
 	q.pd.refs.release()
@@ -397,11 +410,24 @@ func (q *QP) fail() {
 }
 
 func (q *QP) flushSendLocked() {
-	q.sq.busy, q.sq.waiting = false, false
+	q.abandonLocked()
+	q.sq.querying, q.sq.waiting = false, false
 	for q.sq.n > 0 {
 		q.completeLocked(&q.sq.ring[q.sq.head], verbs.WCWRFlushErr)
 		q.popSendLocked()
 	}
+}
+
+// busy reports whether the requester awaits an answer: responses or a region.
+func (s *sendQueue) busy() bool { return s.inflight > 0 || s.querying }
+
+// abandonLocked forgets the requests in flight: their responses, when they come, are
+// skipped. The caller holds sq.mu.
+func (q *QP) abandonLocked() {
+	if q.sq.conn != nil {
+		q.sq.conn.skip += q.sq.inflight
+	}
+	q.sq.inflight = 0
 }
 
 func (q *QP) flushRecvLocked() {

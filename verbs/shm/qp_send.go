@@ -32,10 +32,10 @@ const (
 	maxWCStatus = uint32(verbs.WCTMRndvIncomplete)
 )
 
-// PostSend posts work requests to the send queue. The first one with nothing ahead of
-// it is started inside PostSend: its payload copied into the peer's region (RDMA WRITE)
-// or the request datagram (SEND), and its request sent. The rest start as responses come
-// back, on the connection's reading goroutine.
+// PostSend posts work requests to the send queue and places their requests in the
+// connection's channel as far as the pipeline allows (see kickLocked): each payload
+// copied into the peer's region (RDMA WRITE) or the request record (SEND). The rest go
+// as responses come back, on whichever goroutine handles them (a Poll or readLoop).
 func (q *QP) PostSend(wrs []verbs.SendWR) error {
 	q.sq.mu.Lock()
 	var err error
@@ -162,8 +162,12 @@ func (q *QP) popSendLocked() {
 	q.sq.n--
 }
 
-// runSQ is the timer callback: the head's RNR or ACK timeout expired, or the QP failed.
+// runSQ is the timer callback: the head's RNR or ACK timeout expired, the oldest answer
+// awaited is late, or the QP failed.
 func (q *QP) runSQ() {
+	if pc := q.out.Load(); pc != nil {
+		pc.drive() // responses that rang no doorbell, before any is declared lost
+	}
 	q.sq.mu.Lock()
 	if q.closed.Load() {
 		q.sq.mu.Unlock()
@@ -172,17 +176,21 @@ func (q *QP) runSQ() {
 	q.sq.waiting = false
 	if q.sq.n > 0 && q.State() == verbs.QPStateRTS {
 		e := &q.sq.ring[q.sq.head]
-		if q.sq.busy {
-			if d := time.Until(q.sq.deadline); d > 0 { // fired for an earlier request
-				q.timer.Reset(d)
+		if q.sq.busy() {
+			if d := time.Until(q.sq.deadline); d > 0 || ackTimeout(q.sq.timeout) == 0 { // fired for an earlier wait
+				if d > 0 {
+					q.timer.Reset(d)
+				}
 				q.sq.mu.Unlock()
 				return
 			}
-			// No answer within the ACK timeout: the request is lost. The connection
-			// goes, so that a late answer cannot be taken for the retransmission's.
-			q.sq.busy = false
+			// No answer within the ACK timeout: the requests in flight are lost. The
+			// connection goes, so that a late answer cannot be taken for the
+			// retransmission's.
+			q.sq.inflight, q.sq.querying = 0, false
 			q.sq.conn.close()
 			q.sq.conn = nil
+			q.out.Store(nil)
 			e.ackWait = true
 		}
 		if e.ackWait {
@@ -200,12 +208,21 @@ func (q *QP) runSQ() {
 	q.flushRecv()
 }
 
-// kickLocked starts the head WR if nothing is on the wire and nothing waits: it runs
-// local checks, asks the responder for the region the WR names if this side has not
-// mapped it, copies the payload and sends the request. WRs that fail locally complete at
-// once and the next one starts. In ERROR it flushes the queue.
+// kickLocked places the requests of the WRs not yet in flight in the channel, in order,
+// while the pipeline has room and nothing waits: it runs local checks, asks the
+// responder for the region a WR names if this side has not mapped it, copies the payload
+// and publishes the request. What needs an empty pipeline (a region query, a new
+// connection, a local error's completion, a delay, a loss) waits for the WRs ahead to be
+// answered. WRs that fail locally complete at once and the next one starts. In ERROR it
+// flushes the queue.
 func (q *QP) kickLocked() {
-	for q.sq.n > 0 && !q.sq.busy && !q.sq.waiting {
+	for q.sq.n > q.sq.inflight && !q.sq.querying && !q.sq.waiting {
+		if q.sq.fence {
+			if q.sq.inflight > 0 {
+				return
+			}
+			q.sq.fence = false
+		}
 		switch q.State() {
 		case verbs.QPStateError:
 			q.flushSendLocked()
@@ -214,23 +231,37 @@ func (q *QP) kickLocked() {
 		default:
 			return
 		}
-		e := &q.sq.ring[q.sq.head]
+		head := q.sq.inflight == 0
+		i := q.sq.head + q.sq.inflight
+		if i >= len(q.sq.ring) {
+			i -= len(q.sq.ring)
+		}
+		e := &q.sq.ring[i]
 		if e.forever {
 			return
 		}
 		if d := time.Until(e.due); !e.due.IsZero() && d > 0 {
-			q.sq.waiting = true
-			q.timer.Reset(d)
+			if head {
+				q.sq.waiting = true
+				q.timer.Reset(d)
+			}
 			return
 		}
 		if q.loses() {
-			q.lostLocked(e, false)
-			continue
+			if head {
+				q.lostLocked(e, false)
+				continue
+			}
+			return
 		}
 		if q.sq.conn == nil || q.sq.conn.dead.Load() {
+			if !head {
+				return
+			}
 			if q.sq.conn != nil {
 				q.sq.conn.close()
 				q.sq.conn = nil
+				q.out.Store(nil)
 			}
 			c, err := dialPeer(q)
 			if err != nil {
@@ -238,40 +269,59 @@ func (q *QP) kickLocked() {
 				continue
 			}
 			q.sq.conn = c
+			q.out.Store(c)
 		}
 		c := q.sq.conn
+		if q.sq.inflight+c.skip >= maxInflight {
+			return // the responses awaited fill the response ring
+		}
 		remote := e.op == verbs.OpRDMAWrite || e.op == verbs.OpRDMAWriteWithImm || e.op == verbs.OpRDMARead
 		if remote && !e.queried && c.region(e.rkey) == nil && q.wrLength(e) > 0 {
+			if !head {
+				return
+			}
 			m := msg{kind: msgMRQuery, rkey: e.rkey}
-			if err := c.send(m.encode(q.sq.out), -1); err != nil {
-				c.dead.Store(true)
+			if ok, err := c.push(m.encode(q.sq.out)); !ok || err != nil {
+				c.fail(err) // an empty ring that is full: the responder broke it
 				q.lostLocked(e, true)
 				continue
 			}
-			q.busyLocked()
 			q.sq.querying = true
+			q.armLocked()
 			return
 		}
-		st, out := q.prepareLocked(e, c)
+		st, out, doubtful := q.prepareLocked(e, c)
 		if st != verbs.WCSuccess {
-			q.completeLocked(e, st)
-			q.popSendLocked()
-			continue
+			if head {
+				q.completeLocked(e, st)
+				q.popSendLocked()
+				continue
+			}
+			return
 		}
-		if err := c.send(out, -1); err != nil {
-			c.dead.Store(true)
-			q.lostLocked(e, true)
-			continue
+		ok, err := c.push(out)
+		if err != nil || (!ok && head && c.skip == 0) { // full, and nothing will empty it
+			c.fail(err)
+			if head {
+				q.lostLocked(e, true)
+				continue
+			}
+			return // readLoop sees the connection dead and declares the requests lost
 		}
-		q.busyLocked()
-		return
+		if !ok {
+			return // the ring is full: responses make room
+		}
+		if head {
+			q.armLocked()
+		}
+		q.sq.inflight++
+		q.sq.fence = doubtful
 	}
 }
 
-// busyLocked marks the head WR's request (or region query) as sent, and arms the ACK
-// timeout that declares it lost if no answer comes.
-func (q *QP) busyLocked() {
-	q.sq.busy, q.sq.querying = true, false
+// armLocked arms the ACK timeout of the first request or region query of an empty
+// pipeline: if no answer comes before it, the requests in flight are lost.
+func (q *QP) armLocked() {
 	if d := ackTimeout(q.sq.timeout); d > 0 {
 		q.sq.deadline = time.Now().Add(d)
 		q.timer.Reset(d)
@@ -292,36 +342,53 @@ func (q *QP) wrLength(e *wqe) uint64 {
 
 // prepareLocked resolves e's local buffers, moves its payload (into the peer's mapped
 // region for an RDMA WRITE that this side's copy of the region's bounds and rights
-// allows; into the datagram for a SEND) and returns the request datagram. A local
-// error is returned as a completion status.
-func (q *QP) prepareLocked(e *wqe, c *peerConn) (verbs.WCStatus, []byte) {
+// allows; into the record for a SEND) and returns the request record. A local error is
+// returned as a completion status. doubtful reports an RDMA request that this side's
+// copy of the region refuses: the responder will most likely refuse it too, and no
+// request may follow it before its answer, lest that one's payload land in a region
+// whose QP the refusal moves to ERROR.
+func (q *QP) prepareLocked(e *wqe, c *peerConn) (st verbs.WCStatus, rec []byte, doubtful bool) {
 	q.dev.mrMu.RLock()
 	defer q.dev.mrMu.RUnlock()
 	if st := q.resolveLocalLocked(e); st != verbs.WCSuccess {
-		return st, nil
+		return st, nil, false
 	}
-	m := msg{kind: msgRequest, op: uint8(e.op), imm: e.imm, rkey: e.rkey, length: e.length, addr: e.raddr, psn: q.sq.psn}
+	psn := (q.sq.psn + uint32(q.sq.inflight)) & qpnMask
+	m := msg{kind: msgRequest, op: uint8(e.op), imm: e.imm, rkey: e.rkey, length: e.length, addr: e.raddr, psn: psn}
 	if e.flags&verbs.SendSolicited != 0 {
 		m.flags = reqSolicited
+	}
+	if q.sigAll || e.flags&verbs.SendSignaled != 0 || e.op == verbs.OpRDMARead || q.sq.inflight >= maxInflight/2 {
+		m.flags |= reqNotify
 	}
 	out := m.encode(q.sq.out)
 	switch e.op {
 	case verbs.OpSend, verbs.OpSendWithImm:
 		if e.length > maxSendPayload {
-			return verbs.WCLocLenErr, nil
+			return verbs.WCLocLenErr, nil, false
 		}
 		for _, b := range q.sq.vec {
 			out = append(out, b...)
 		}
 	case verbs.OpRDMAWrite, verbs.OpRDMAWriteWithImm:
-		if r := c.region(e.rkey); r != nil && e.length > 0 && r.writable {
-			if dst, ok := r.slice(e.raddr, e.length); ok {
-				gather(dst, q.sq.vec)
+		if e.length > 0 {
+			doubtful = true
+			if r := c.region(e.rkey); r != nil && r.writable {
+				if dst, ok := r.slice(e.raddr, e.length); ok {
+					gather(dst, q.sq.vec)
+					doubtful = false
+				}
 			}
+		}
+	case verbs.OpRDMARead:
+		if e.length > 0 {
+			r := c.region(e.rkey)
+			_, ok := r.slice(e.raddr, e.length)
+			doubtful = !ok || !r.readable
 		}
 	}
 	q.sq.out = out[:0]
-	return verbs.WCSuccess, out
+	return verbs.WCSuccess, out, doubtful
 }
 
 // resolveLocalLocked checks e's local buffers and resolves them into q.sq.vec; it sets
@@ -379,17 +446,16 @@ func (q *QP) lostLocked(e *wqe, dead bool) {
 func (q *QP) onRegion(c *peerConn, m *msg, fd int) {
 	q.sq.mu.Lock()
 	defer q.sq.mu.Unlock()
-	if q.sq.conn != c || !q.sq.busy || q.sq.n == 0 {
+	if q.sq.conn != c || q.sq.n == 0 {
 		closeFD(fd)
 		return
 	}
-	q.sq.busy = false
-	if !q.sq.querying { // an answer to a question not asked
+	if !q.sq.querying { // an answer to a question not asked: readLoop ends the connection
 		closeFD(fd)
 		c.fail(errMalformed)
-		q.lostLocked(&q.sq.ring[q.sq.head], true)
 		return
 	}
+	q.sq.querying = false
 	e := &q.sq.ring[q.sq.head]
 	e.queried = true
 	if m.ok != (fd >= 0) || m.rkey != e.rkey { // a region without its memory, or another one
@@ -407,21 +473,33 @@ func (q *QP) onRegion(c *peerConn, m *msg, fd int) {
 	q.kickLocked()
 }
 
-// onResponse handles the response to the head WR's request.
+// onResponse handles the response to the oldest request in flight, the head WR's.
 func (q *QP) onResponse(c *peerConn, m *msg) {
 	q.sq.mu.Lock()
-	if q.sq.conn != c || !q.sq.busy || q.sq.n == 0 {
+	if q.sq.conn != c {
 		q.sq.mu.Unlock()
 		return
 	}
-	q.sq.busy = false
-	e := &q.sq.ring[q.sq.head]
-	e.queried = false
-	if q.sq.querying { // a response where a region was asked for
-		c.fail(errMalformed)
-		q.lostLocked(e, true)
+	if c.skip > 0 { // the answer to a request abandoned by a rewind
+		c.skip--
+		q.kickLocked() // its request left room in the request ring
 		q.sq.mu.Unlock()
 		return
+	}
+	if q.sq.inflight == 0 || q.sq.n == 0 { // an answer to nothing asked
+		c.fail(errMalformed)
+		q.sq.mu.Unlock()
+		return
+	}
+	q.sq.inflight--
+	e := &q.sq.ring[q.sq.head]
+	e.queried = false
+	if m.respKind != respAck {
+		q.abandonLocked() // the responder drops those behind the head, out of sequence
+	} else if q.sq.inflight > 0 {
+		if d := ackTimeout(q.sq.timeout); d > 0 {
+			q.sq.deadline = time.Now().Add(d)
+		}
 	}
 	switch m.respKind {
 	case respAck:
@@ -495,8 +573,8 @@ func (q *QP) succeedLocked(e *wqe) {
 // onConnDown handles the loss of the connection to the destination QP.
 func (q *QP) onConnDown(c *peerConn) {
 	q.sq.mu.Lock()
-	if q.sq.conn == c && q.sq.busy && q.sq.n > 0 {
-		q.sq.busy = false
+	if q.sq.conn == c && q.sq.busy() && q.sq.n > 0 {
+		q.sq.inflight, q.sq.querying = 0, false
 		q.lostLocked(&q.sq.ring[q.sq.head], true)
 		q.kickLocked()
 	}

@@ -6,17 +6,21 @@ import (
 	"fmt"
 )
 
-// The wire: every message between two shm devices is one SOCK_SEQPACKET datagram on a
-// Unix socket, little endian, its kind in the first byte. A requester QP dials the
-// responder's device and opens with a hello; after it, the requester sends requests and
-// region queries, one at a time, and the responder answers each in order.
+// The wire: every message between two shm QPs is little endian, its kind in the first
+// byte. A requester QP dials the responder's socket (SOCK_SEQPACKET) and opens with a
+// hello datagram that carries the connection's channel (channel.go), a memfd, as
+// SCM_RIGHTS. From then on requests and region queries are records in the channel's
+// request ring, pipelined, and the responder answers each, in order: a response record
+// in the response ring, or a region datagram on the socket (it passes a descriptor).
+// Besides the hello and regions, the socket carries only doorbells, which wake a
+// sleeping consumer of a ring, and the end of the connection.
 //
-//	hello (requester → responder), 32 bytes:
+//	hello (requester → responder), 32 bytes, with the channel's memfd:
 //	+------+---------+-------+-----------+-----------+-------------------+
 //	| 1 u8 | ver u8  | 0 u16 | magic u32 | srcQPN u32| dstQPN u32 | srcGID [16] |
 //	+------+---------+-------+-----------+-----------+-------------------+
 //
-//	request (requester → responder), 28 bytes + SEND payload:
+//	request (requester → responder), 28 bytes + SEND payload; flags: 1 solicited, 2 notify:
 //	+------+-------+----------+------+---------+----------+------------+-----------+---------+---------+
 //	| 2 u8 | op u8 | flags u8 | 0 u8 | imm u32 | rkey u32 | length u32 | raddr u64 | psn u32 | payload |
 //	+------+-------+----------+------+---------+----------+------------+-----------+---------+---------+
@@ -34,6 +38,8 @@ import (
 //	region (responder → requester), 32 bytes, with the region's memfd as SCM_RIGHTS when ok:
 //	| 5 u8 | ok u8 | 0 u16 | rkey u32 | access u32 | 0 u32 | addr u64 | length u64 |
 //
+//	doorbell (either way, on the socket), 1 byte: | 6 u8 |
+//
 // Payload bytes of RDMA WRITE and READ never travel here: they are copied straight
 // between the requester's memory and the responder's region, which the requester maps.
 // Every field is checked on decoding; a message that fails a check ends the connection.
@@ -44,8 +50,9 @@ const (
 	msgMRQuery  = 3
 	msgResponse = 4
 	msgRegion   = 5
+	msgDoorbell = 6
 
-	wireVersion = 1
+	wireVersion = 2
 	wireMagic   = 0x4d485352 // "RSHM"
 
 	helloLen    = 32
@@ -53,9 +60,10 @@ const (
 	mrQueryLen  = 8
 	responseLen = 8
 	regionLen   = 32
+	doorbellLen = 1
 
-	// maxSendPayload is the largest SEND: its payload travels in the request datagram,
-	// which must fit the socket's send buffer.
+	// maxSendPayload is the largest SEND: its payload travels in the request record,
+	// which must fit the request ring.
 	maxSendPayload = 64 << 10
 	maxMsg         = requestLen + maxSendPayload
 )
@@ -68,8 +76,14 @@ const (
 	respErr  = 4 // executed in error: status says which, both QPs go to ERROR
 )
 
-// send flag bits of a request.
-const reqSolicited = 1
+// Flag bits of a request: the SEND or WRITE_WITH_IMM is solicited; the requester wants
+// its response at once (it completes a signaled WR, or the requester needs room), so
+// the responder rings its doorbell if it sleeps. Other acknowledgements wait in the
+// response ring for the requester's next look, saving it a wake-up.
+const (
+	reqSolicited = 1
+	reqNotify    = 2
+)
 
 var errMalformed = errors.New("shm: malformed message")
 
@@ -77,7 +91,7 @@ var errMalformed = errors.New("shm: malformed message")
 type msg struct {
 	kind     uint8
 	op       uint8 // request: verbs.Opcode
-	flags    uint8 // request: reqSolicited
+	flags    uint8 // request: reqSolicited, reqNotify
 	respKind uint8 // response
 	rnrTimer uint8 // response to an RNR
 	ok       bool  // region
@@ -121,6 +135,8 @@ func (m *msg) encode(b []byte) []byte {
 	case msgResponse:
 		b = append(b, msgResponse, m.respKind, m.rnrTimer, 0)
 		b = le.AppendUint32(b, m.status)
+	case msgDoorbell:
+		b = append(b, msgDoorbell)
 	case msgRegion:
 		ok := uint8(0)
 		if m.ok {
@@ -175,7 +191,7 @@ func (m *msg) decode(b []byte) error {
 		default:
 			return fmt.Errorf("%w: opcode %d", errMalformed, m.op)
 		}
-		if m.flags&^reqSolicited != 0 {
+		if m.flags&^(reqSolicited|reqNotify) != 0 {
 			return fmt.Errorf("%w: request flags %#x", errMalformed, m.flags)
 		}
 	case msgMRQuery:
@@ -199,6 +215,10 @@ func (m *msg) decode(b []byte) error {
 		m.rkey, m.access, m.addr, m.size = le.Uint32(b[4:]), le.Uint32(b[8:]), le.Uint64(b[16:]), le.Uint64(b[24:])
 		if m.ok && (m.size > maxRegionSize || m.addr+m.size < m.addr || m.access&^uint32(validAccess) != 0) {
 			return fmt.Errorf("%w: region %#x+%d", errMalformed, m.addr, m.size)
+		}
+	case msgDoorbell:
+		if len(b) != doorbellLen {
+			return fmt.Errorf("%w: doorbell of %d bytes", errMalformed, len(b))
 		}
 	default:
 		return fmt.Errorf("%w: kind %d", errMalformed, m.kind)

@@ -15,7 +15,7 @@ func TestWireRoundTrip(t *testing.T) {
 		m    msg
 	}{
 		{"hello", msg{kind: msgHello, srcQPN: 0x123, dstQPN: 0xffffff, srcGID: gid}},
-		{"write", msg{kind: msgRequest, op: opWriteWithImm, flags: reqSolicited, imm: 9, rkey: 3, length: 1 << 20, addr: 1 << 40}},
+		{"write", msg{kind: msgRequest, op: opWriteWithImm, flags: reqSolicited | reqNotify, imm: 9, rkey: 3, length: 1 << 20, addr: 1 << 40}},
 		{"send", msg{kind: msgRequest, op: opSend, length: 3, payload: []byte("abc")}},
 		{"empty send", msg{kind: msgRequest, op: opSendWithImm, imm: 1}},
 		{"read", msg{kind: msgRequest, op: opRead, rkey: 1, length: 8, addr: 4096}},
@@ -25,6 +25,7 @@ func TestWireRoundTrip(t *testing.T) {
 		{"error", msg{kind: msgResponse, respKind: respErr, status: 10}},
 		{"region", msg{kind: msgRegion, ok: true, rkey: 5, access: 7, addr: 1 << 32, size: 65536}},
 		{"no region", msg{kind: msgRegion, rkey: 5}},
+		{"doorbell", msg{kind: msgDoorbell}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -49,13 +50,13 @@ func TestWireRejects(t *testing.T) {
 		{"unknown kind", []byte{9, 0, 0, 0}},
 		{"short hello", (&msg{kind: msgHello}).encode(nil)[:31]},
 		{"bad magic", func() []byte { b := (&msg{kind: msgHello}).encode(nil); b[4] ^= 1; return b }()},
-		{"bad version", func() []byte { b := (&msg{kind: msgHello}).encode(nil); b[1] = 2; return b }()},
+		{"bad version", func() []byte { b := (&msg{kind: msgHello}).encode(nil); b[1] = wireVersion + 1; return b }()},
 		{"QPN over 24 bits", (&msg{kind: msgHello, srcQPN: 1 << 24}).encode(nil)},
 		{"short request", send[:requestLen-1]},
 		{"SEND length disagrees", send[:len(send)-1]},
 		{"write with payload", append((&msg{kind: msgRequest, op: opWrite}).encode(nil), 1)},
 		{"unknown opcode", (&msg{kind: msgRequest, op: 7}).encode(nil)},
-		{"unknown flags", (&msg{kind: msgRequest, op: opWrite, flags: 2}).encode(nil)},
+		{"unknown flags", (&msg{kind: msgRequest, op: opWrite, flags: 4}).encode(nil)},
 		{"oversized SEND", append((&msg{kind: msgRequest, op: opSend, length: maxSendPayload + 1}).encode(nil), make([]byte, maxSendPayload+1)...)},
 		{"long query", append((&msg{kind: msgMRQuery}).encode(nil), 0)},
 		{"unknown response", (&msg{kind: msgResponse, respKind: 9}).encode(nil)},
@@ -91,6 +92,7 @@ func FuzzDecode(f *testing.F) {
 		{kind: msgMRQuery, rkey: 1},
 		{kind: msgResponse, respKind: respRNR, rnrTimer: 1},
 		{kind: msgRegion, ok: true, rkey: 1, size: 4096, access: 7},
+		{kind: msgDoorbell},
 	} {
 		f.Add(m.encode(nil))
 	}

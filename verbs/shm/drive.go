@@ -1,0 +1,284 @@
+package shm
+
+import (
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Who consumes the rings. A channel's request ring is consumed on the responder's side
+// and its response ring on the requester's, each by two parties under one mutex: the
+// connection's goroutine (serve, readLoop), and CQ.Poll, which drains the rings of the
+// QPs that feed the CQ before it reaps, as a NIC's completions appear to a poller with
+// no thread in between. A busy-polling application therefore moves requests and
+// responses itself, with no wake-up and no system call; the goroutines cover the rest.
+//
+// While its CQ is being polled, and not armed, serve leaves the request ring to the
+// polls and sleeps for a lease (pollLease) without saying so in the channel, so that
+// the requester rings no doorbells the poller does not need; it looks again when the
+// lease ends, or at once when the CQ is armed. Otherwise (the CQ is armed, or no longer
+// polled) it polls the ring itself for a moment (armedSpin), then says it sleeps, looks
+// once more, and blocks on the socket. Arming a CQ (ReqNotify) says so for every ring
+// that feeds it, so that the next record rings the doorbell of a goroutine that then
+// completes into the armed CQ and raises its event. readLoop always says it sleeps;
+// responders ring its doorbell only for responses a requester asked to have at once
+// (reqNotify, wire.go).
+//
+// Every yieldEvery-th empty Poll yields the processor (yieldCPU): an application
+// spinning on its CQ leaves the cores to the peer process, which fills it. A CQ fed by
+// more than maxDriven QPs (one CQ serving many connections) is not driven: its rings
+// go through the goroutines and doorbells only.
+
+// pollLease is how long serve sleeps without a doorbell while its CQ is being polled.
+const pollLease = time.Millisecond
+
+// armedSpin is how long serve polls its ring, yielding, before it sleeps on the socket.
+const armedSpin = 30 * time.Microsecond
+
+// yieldEvery is how often (in polls) an empty Poll yields the processor.
+const yieldEvery = 8
+
+// maxDriven bounds the QPs a CQ's Poll drives: a CQ fed by more leaves them to their
+// goroutines rather than visit every one on every poll.
+const maxDriven = 64
+
+// inbound is the responder's side of one connection: its channel and what executes
+// the requests in it. mu guards everything but the fields set before it is shared.
+type inbound struct {
+	q    *QP
+	c    *net.UnixConn
+	src  requester
+	bell bell
+	wake chan struct{} // ends serve's lease: the CQ was armed
+
+	mu    sync.Mutex
+	dead  bool // the channel is unmapped or about to be: touch nothing
+	ch    *channel
+	reqs  ring
+	resps ring
+	buf   []byte // a request record, copied out of the ring
+	out   []byte // a response being encoded
+	m     msg
+}
+
+// drainLocked executes every request and region query in the request ring and answers
+// each. An error ends the connection.
+func (in *inbound) drainLocked() (int, error) {
+	n := 0
+	for {
+		rec, err := in.reqs.pop(in.buf)
+		if err != nil || rec == nil {
+			return n, err
+		}
+		n++
+		m := &in.m
+		if err := m.decode(rec); err != nil {
+			return n, err
+		}
+		switch m.kind {
+		case msgRequest:
+			resp := in.q.respond(in.src, m)
+			ok, wake, err := in.resps.push(resp.encode(in.out), m.flags&reqNotify != 0 || resp.respKind != respAck)
+			if err != nil {
+				return n, err
+			}
+			if !ok {
+				return n, errors.New("shm: the requester let the response ring fill")
+			}
+			if wake {
+				in.bell.ring()
+			}
+		case msgMRQuery:
+			reply, fd := in.q.regionFor(in.src, m.rkey)
+			err := sendMsg(in.c, reply.encode(in.out), fd)
+			closeFD(fd)
+			if err != nil {
+				return n, err
+			}
+		default:
+			return n, errMalformed
+		}
+	}
+}
+
+// drive drains the request ring for a Poll of the QP's receive CQ, if no one else is.
+func (in *inbound) drive() {
+	if !in.mu.TryLock() {
+		return
+	}
+	if !in.dead {
+		if _, err := in.drainLocked(); err != nil {
+			in.dead = true // serve finds the socket closed and unmaps
+			in.c.Close()
+		}
+	}
+	in.mu.Unlock()
+}
+
+// announceSleep says, for an armed CQ, that the request ring's consumer sleeps.
+func (in *inbound) announceSleep() {
+	in.mu.Lock()
+	if !in.dead {
+		atomic.StoreUint32(in.reqs.sleep, 1)
+	}
+	in.mu.Unlock()
+	select {
+	case in.wake <- struct{}{}:
+	default:
+	}
+}
+
+// drainLocked handles every response in the response ring. An error ends the
+// connection.
+func (pc *peerConn) drainLocked() (int, error) {
+	n := 0
+	for {
+		rec, err := pc.resp.pop(pc.buf[:])
+		if err != nil || rec == nil {
+			return n, err
+		}
+		n++
+		var m msg
+		if m.decode(rec) != nil || m.kind != msgResponse {
+			return n, errMalformed
+		}
+		pc.q.onResponse(pc, &m)
+	}
+}
+
+// drive drains the response ring for a Poll of the QP's send CQ, if no one else is.
+func (pc *peerConn) drive() {
+	if !pc.mu.TryLock() {
+		return
+	}
+	if !pc.unmapped && !pc.dead.Load() {
+		if _, err := pc.drainLocked(); err != nil {
+			pc.fail(err) // readLoop finds the socket closed and unmaps
+		}
+	}
+	pc.mu.Unlock()
+}
+
+// announceSleep says, for an armed CQ, that the response ring's consumer sleeps.
+func (pc *peerConn) announceSleep() {
+	pc.mu.Lock()
+	if !pc.unmapped {
+		atomic.StoreUint32(pc.resp.sleep, 1)
+	}
+	pc.mu.Unlock()
+}
+
+// feeders returns the QPs whose rings the CQ's Poll drives, or nil if there are too
+// many.
+func (c *CQ) feederList() []*QP {
+	fs := c.feeders.Load()
+	if fs == nil || len(*fs) > maxDriven {
+		return nil
+	}
+	return *fs
+}
+
+// drive drains the rings that feed c: the request rings of the QPs whose receive CQ it
+// is, and the response rings of those whose send CQ it is.
+func (c *CQ) drive() {
+	for _, q := range c.feederList() {
+		if q.recvCQ == c {
+			if in := q.in.Load(); in != nil {
+				in.drive()
+			}
+		}
+		if q.sendCQ == c {
+			if pc := q.out.Load(); pc != nil {
+				pc.drive()
+			}
+		}
+	}
+}
+
+// announceSleep says, for every ring that feeds c, that its consumer sleeps.
+func (c *CQ) announceSleep() {
+	fs := c.feeders.Load()
+	if fs == nil {
+		return
+	}
+	for _, q := range *fs {
+		if q.recvCQ == c {
+			if in := q.in.Load(); in != nil {
+				in.announceSleep()
+			}
+		}
+		if q.sendCQ == c {
+			if pc := q.out.Load(); pc != nil {
+				pc.announceSleep()
+			}
+		}
+	}
+}
+
+// addFeeder and removeFeeder keep the list of QPs that feed c, copied on write.
+func (c *CQ) addFeeder(q *QP) {
+	c.feedMu.Lock()
+	defer c.feedMu.Unlock()
+	var fs []*QP
+	if old := c.feeders.Load(); old != nil {
+		fs = append(fs, *old...)
+	}
+	fs = append(fs, q)
+	c.feeders.Store(&fs)
+}
+
+func (c *CQ) removeFeeder(q *QP) {
+	c.feedMu.Lock()
+	defer c.feedMu.Unlock()
+	old := c.feeders.Load()
+	if old == nil {
+		return
+	}
+	fs := make([]*QP, 0, len(*old))
+	for _, f := range *old {
+		if f != q {
+			fs = append(fs, f)
+		}
+	}
+	c.feeders.Store(&fs)
+}
+
+// pollWatch tells serve whether its CQ is being polled: polled since the last look, not
+// armed, and driving its feeders.
+type pollWatch struct {
+	cq   *CQ
+	seen uint64
+}
+
+func (w *pollWatch) active() bool {
+	n := w.cq.polls.Load()
+	was := w.seen
+	w.seen = n
+	return n != was && !w.cq.armedHint.Load() && w.cq.feederList() != nil
+}
+
+// spinArmed watches the producer cursor prod of a ring for up to armedSpin, yielding
+// the processor between looks, before serve sleeps for want of requests; it reports
+// whether the cursor moved from pos. A request/response exchange whose next request
+// comes within it costs no doorbell and no wake-up of this goroutine.
+func spinArmed(prod *uint64, pos uint64) bool {
+	start := time.Now()
+	for i := 1; ; i++ {
+		if atomic.LoadUint64(prod) != pos {
+			return true
+		}
+		if i%16 == 0 && time.Since(start) > armedSpin {
+			return false
+		}
+		yieldCPU()
+	}
+}
+
+// yieldCPU gives the processor to any other thread of the host that wants it
+// (sched_yield): a poller of an empty ring or CQ waits for the peer process, which may
+// need this very core to fill it. When nothing else runs, it returns at once.
+func yieldCPU() { unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }

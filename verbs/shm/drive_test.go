@@ -1,0 +1,194 @@
+package shm
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rsockio/rsock/verbs"
+)
+
+// newEventEnd is newEnd with a CQ attached to a completion channel, which it returns.
+func newEventEnd(t *testing.T, p verbs.Provider, dev string, mrSize int) (*end, verbs.CompChannel) {
+	t.Helper()
+	e := &end{}
+	var err error
+	e.ctx, err = p.Open(dev)
+	require.NoError(t, err)
+	ch, err := e.ctx.CreateCompChannel()
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		for _, c := range []interface{ Close() error }{e.qp, e.mr, e.cq, ch, e.pd, e.ctx} {
+			if c != nil {
+				c.Close()
+			}
+		}
+	})
+	e.gid = e.ctx.Device().Ports[0].GIDs[0].GID
+	e.pd, err = e.ctx.AllocPD()
+	require.NoError(t, err)
+	e.cq, err = e.ctx.CreateCQ(1024, ch, 0)
+	require.NoError(t, err)
+	e.mr, err = e.pd.RegMR(mrSize, verbs.AccessLocalWrite|verbs.AccessRemoteWrite|verbs.AccessRemoteRead)
+	require.NoError(t, err)
+	e.qp, err = e.pd.CreateQP(verbs.QPInitAttr{SendCQ: e.cq, RecvCQ: e.cq,
+		Caps: verbs.QPCaps{MaxSendWR: 256, MaxRecvWR: 256, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInlineData: 64}})
+	require.NoError(t, err)
+	return e, ch
+}
+
+// TestArmedCQWakes: a CQ that was being polled (its rings left to the polls, no
+// doorbells) and is then armed, as a poller does before it sleeps, raises its event for
+// the next request: arming makes the peer ring again. Rounds alternate busy polling and
+// sleeping, with requests landing before and after the arming.
+func TestArmedCQWakes(t *testing.T) {
+	p := newProvider(t, 2)
+	x := newEnd(t, p, "shm0", 4096)
+	y, ych := newEventEnd(t, p, "shm1", 4096)
+	connectEnds(t, x, y, 0, 7)
+	var wc [4]verbs.WorkCompletion
+	for round := range 40 {
+		require.NoError(t, y.qp.PostRecv([]verbs.RecvWR{{ID: uint64(round)}}))
+		for range 50 { // busy polling: serve leaves the ring to these polls
+			n, err := y.cq.Poll(wc[:])
+			require.NoError(t, err)
+			require.Zero(t, n)
+		}
+		early := round%2 == 0 // the request lands before the arming, or after
+		if early {
+			require.NoError(t, x.qp.PostSend([]verbs.SendWR{writeImm(uint64(round), x.mr, y.mr, 0, 8)}))
+		}
+		require.NoError(t, y.cq.ReqNotify(false))
+		n, err := y.cq.Poll(wc[:]) // the look after arming
+		require.NoError(t, err)
+		if !early {
+			require.NoError(t, x.qp.PostSend([]verbs.SendWR{writeImm(uint64(round), x.mr, y.mr, 0, 8)}))
+		}
+		if n == 0 {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second) // a bound, not a timing
+			_, err := ych.Wait(ctx)
+			cancel()
+			require.NoError(t, err, "round %d (request before arming: %v): no event", round, early)
+			n, err = y.cq.Poll(wc[:])
+			require.NoError(t, err)
+		}
+		require.Equal(t, 1, n, "round %d: receive completions", round)
+		require.Equal(t, verbs.WCSuccess, wc[0].Status)
+		require.Equal(t, uint32(round), wc[0].Imm)
+		require.Equal(t, verbs.WCSuccess, pollWait(t, x.cq, 1)[0].Status)
+	}
+}
+
+// TestPollsStopWithoutArming: a CQ polled for a while, then neither polled nor armed,
+// still has the requests to its QP executed: the connection's goroutine takes the ring
+// back when its lease ends.
+func TestPollsStopWithoutArming(t *testing.T) {
+	p := newProvider(t, 2)
+	x := newEnd(t, p, "shm0", 4096)
+	y := newEnd(t, p, "shm1", 4096)
+	connectEnds(t, x, y, 0, 7)
+	// A first write maps y's region and starts the connection.
+	require.NoError(t, x.qp.PostSend([]verbs.SendWR{writeImm(1, x.mr, y.mr, 0, 8)}))
+	wr := &[]verbs.SendWR{writeImm(1, x.mr, y.mr, 0, 8)}[0]
+	wr.Opcode = verbs.OpRDMAWrite
+	require.NoError(t, y.qp.PostRecv([]verbs.RecvWR{{ID: 1}}))
+	require.Equal(t, verbs.WCSuccess, pollWait(t, x.cq, 1)[0].Status)
+	var wc [4]verbs.WorkCompletion
+	for range 100 {
+		_, err := y.cq.Poll(wc[:])
+		require.NoError(t, err)
+	}
+	copy(x.mr.Bytes(), "no polls")
+	require.NoError(t, x.qp.PostSend([]verbs.SendWR{*wr})) // y's CQ is never polled again
+	require.Equal(t, verbs.WCSuccess, pollWait(t, x.cq, 1)[0].Status)
+	require.Equal(t, "no polls", string(y.mr.Bytes()[:8]))
+}
+
+// TestPipelinedRNR: writes with immediate posted far ahead of the responder's receive
+// WQEs run into RNR NAKs; the requester goes back to the first refused one and resends
+// from there, so each executes exactly once and in order, and all succeed.
+func TestPipelinedRNR(t *testing.T) {
+	const n = 200
+	p := newProvider(t, 2)
+	x := newEnd(t, p, "shm0", 1<<16)
+	y := newEnd(t, p, "shm1", 1<<16)
+	connectEnds(t, x, y, 0, 7)
+	require.NoError(t, y.qp.PostRecv([]verbs.RecvWR{{ID: 0}, {ID: 1}, {ID: 2}, {ID: 3}}))
+	wrs := make([]verbs.SendWR, n)
+	for i := range wrs {
+		wrs[i] = writeImm(uint64(i), x.mr, y.mr, i*64%(1<<16), 64)
+		wrs[i].Flags = 0 // unsignaled but the last: the responses need no doorbell
+	}
+	wrs[n-1].Flags = verbs.SendSignaled
+	for i := range x.mr.Bytes() {
+		x.mr.Bytes()[i] = byte(i * 13)
+	}
+	require.NoError(t, x.qp.PostSend(wrs[:n/2]))
+	require.NoError(t, x.qp.PostSend(wrs[n/2:]))
+	got := 0
+	var wc [16]verbs.WorkCompletion
+	deadline := time.Now().Add(20 * time.Second)
+	for got < n {
+		k, err := y.cq.Poll(wc[:])
+		require.NoError(t, err)
+		for _, c := range wc[:k] {
+			require.Equal(t, verbs.WCSuccess, c.Status, "receive %d", got)
+			require.Equal(t, uint32(got), c.Imm, "receive completions in order, each once")
+			got++
+			require.NoError(t, y.qp.PostRecv([]verbs.RecvWR{{ID: uint64(got + 3)}}))
+		}
+		if k == 0 {
+			require.False(t, time.Now().After(deadline), "waited 20 s for %d receives, got %d", n, got)
+		}
+	}
+	wcs := pollWait(t, x.cq, 1)
+	require.Equal(t, verbs.WCSuccess, wcs[0].Status)
+	require.Equal(t, uint64(n-1), wcs[0].WRID)
+	require.Equal(t, x.mr.Bytes()[:n*64], y.mr.Bytes()[:n*64], "the payloads")
+}
+
+// TestPipelinedSendsFillRing: SENDs large enough to fill the request ring (four fit),
+// into a responder short of receive WQEs: the requester waits for room, resends from
+// each RNR NAK, and every SEND lands once, in order.
+func TestPipelinedSendsFillRing(t *testing.T) {
+	const n, size = 24, 60 << 10
+	p := newProvider(t, 2)
+	x := newEnd(t, p, "shm0", n*size)
+	y := newEnd(t, p, "shm1", n*size)
+	connectEnds(t, x, y, 0, 7)
+	recv := func(i int) verbs.RecvWR {
+		return verbs.RecvWR{ID: uint64(i), SGL: []verbs.SGE{{Addr: y.mr.Addr() + uint64(i*size), Length: size, LKey: y.mr.LKey()}}}
+	}
+	require.NoError(t, y.qp.PostRecv([]verbs.RecvWR{recv(0)}))
+	for i := range x.mr.Bytes() {
+		x.mr.Bytes()[i] = byte(i*7 + i>>16)
+	}
+	wrs := make([]verbs.SendWR, n)
+	for i := range wrs {
+		wrs[i] = verbs.SendWR{ID: uint64(i), Opcode: verbs.OpSend, Flags: verbs.SendSignaled,
+			SGL: []verbs.SGE{{Addr: x.mr.Addr() + uint64(i*size), Length: size, LKey: x.mr.LKey()}}}
+	}
+	require.NoError(t, x.qp.PostSend(wrs))
+	var wc [4]verbs.WorkCompletion
+	deadline := time.Now().Add(20 * time.Second)
+	for got := 0; got < n; {
+		k, err := y.cq.Poll(wc[:])
+		require.NoError(t, err)
+		for _, c := range wc[:k] {
+			require.Equal(t, verbs.WCSuccess, c.Status, "receive %d", got)
+			require.Equal(t, uint64(got), c.WRID, "receives in order, each once")
+			if got++; got < n {
+				require.NoError(t, y.qp.PostRecv([]verbs.RecvWR{recv(got)}))
+			}
+		}
+		if k == 0 {
+			require.False(t, time.Now().After(deadline), "waited 20 s for %d receives, got %d", n, got)
+		}
+	}
+	for i, c := range pollWait(t, x.cq, n) {
+		require.Equal(t, verbs.WCSuccess, c.Status, "send %d", i)
+	}
+	require.Equal(t, x.mr.Bytes(), y.mr.Bytes(), "the payloads")
+}
