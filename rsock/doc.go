@@ -132,7 +132,8 @@
 //
 // The environment variable RSOCK_DISABLE_RDMA=1 ([EnvDisableRDMA]) turns RDMA off for
 // every Listener and Dialer of the process, whatever their Config says: an operator's
-// switch for a deployed binary. It is read once.
+// switch for a deployed binary. It is read once. RSOCK_DISABLE_SHM=1 ([EnvDisableSHM])
+// turns shared memory between processes of one host off the same way.
 //
 // # Security
 //

@@ -1,6 +1,7 @@
 package rsock
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -20,9 +21,16 @@ import (
 // RDMA off; no variable turns it on against a Config.
 const EnvDisableRDMA = "RSOCK_DISABLE_RDMA"
 
+// EnvDisableSHM is the environment variable that turns shared memory between two
+// processes of one host off (as [Config.DisableSHM] does), read and ruled like
+// [EnvDisableRDMA]: 1 or true turns it off whatever the Config says, and same-host
+// connections then take a NIC if there is one, else stay on their fallback transport.
+const EnvDisableSHM = "RSOCK_DISABLE_SHM"
+
 // envSettings are what the environment says, read once.
 type envSettings struct {
 	disableRDMA bool
+	disableSHM  bool
 	err         error // a variable set to something it cannot mean
 }
 
@@ -34,14 +42,24 @@ var processEnv = sync.OnceValue(func() envSettings { return readEnv(os.LookupEnv
 // readEnv reads rsock's variables through lookup (os.LookupEnv outside tests).
 func readEnv(lookup func(string) (string, bool)) envSettings {
 	var s envSettings
-	if v, ok := lookup(EnvDisableRDMA); ok && v != "" {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			s.err = fmt.Errorf("%w: environment %s=%q, want 1 or true to disable RDMA, 0 or false not to", ErrInvalidConfig, EnvDisableRDMA, v)
-		}
-		s.disableRDMA = b
-	}
+	var errRDMA, errSHM error
+	s.disableRDMA, errRDMA = envSwitch(lookup, EnvDisableRDMA, "RDMA")
+	s.disableSHM, errSHM = envSwitch(lookup, EnvDisableSHM, "shared memory")
+	s.err = errors.Join(errRDMA, errSHM)
 	return s
+}
+
+// envSwitch reads the boolean variable name: unset or empty is false.
+func envSwitch(lookup func(string) (string, bool), name, what string) (bool, error) {
+	v, ok := lookup(name)
+	if !ok || v == "" {
+		return false, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, fmt.Errorf("%w: environment %s=%q, want 1 or true to disable %s, 0 or false not to", ErrInvalidConfig, name, v, what)
+	}
+	return b, nil
 }
 
 // applyEnv applies the environment's settings to the resolved Config r.
@@ -51,6 +69,9 @@ func (r *Config) applyEnv(env envSettings) error {
 	}
 	if env.disableRDMA {
 		r.DisableRDMA = true // provider() gives errRDMADisabledByEnv as the reason
+	}
+	if env.disableSHM {
+		r.DisableSHM = true
 	}
 	return nil
 }

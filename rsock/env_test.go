@@ -28,7 +28,9 @@ func TestReadEnv(t *testing.T) {
 	}
 	for _, tt := range tests {
 		got := readEnv(func(name string) (string, bool) {
-			require.Equal(t, EnvDisableRDMA, name)
+			if name != EnvDisableRDMA {
+				return "", false
+			}
 			return tt.value, tt.set
 		})
 		require.Equal(t, tt.disable, got.disableRDMA, "readEnv with %s=%q (set %v)", EnvDisableRDMA, tt.value, tt.set)
@@ -99,4 +101,41 @@ func TestEnvFromProcess(t *testing.T) {
 	cfg, err = (&Config{}).resolve()
 	require.NoError(t, err)
 	require.True(t, cfg.DisableRDMA, "after the variable changed")
+}
+
+// TestReadEnvSHM: RSOCK_DISABLE_SHM is read as RSOCK_DISABLE_RDMA is, on its own.
+func TestReadEnvSHM(t *testing.T) {
+	tests := []struct {
+		vars      map[string]string
+		rdma, shm bool
+		err       string
+	}{
+		{vars: map[string]string{EnvDisableSHM: "1"}, shm: true},
+		{vars: map[string]string{EnvDisableSHM: "0"}},
+		{vars: map[string]string{EnvDisableSHM: "1", EnvDisableRDMA: "1"}, rdma: true, shm: true},
+		{vars: map[string]string{EnvDisableSHM: "no way"}, err: `invalid Config: environment RSOCK_DISABLE_SHM="no way", want 1 or true to disable shared memory, 0 or false not to`},
+	}
+	for _, tt := range tests {
+		got := readEnv(func(name string) (string, bool) { v, ok := tt.vars[name]; return v, ok })
+		require.Equal(t, tt.rdma, got.disableRDMA, "disableRDMA with %v", tt.vars)
+		require.Equal(t, tt.shm, got.disableSHM, "disableSHM with %v", tt.vars)
+		if tt.err == "" {
+			require.NoError(t, got.err)
+		} else {
+			require.EqualError(t, got.err, tt.err)
+		}
+	}
+}
+
+// TestEnvDisablesSHM: with RSOCK_DISABLE_SHM=1, two processes' worth of default Configs
+// on one host do not take shared memory.
+func TestEnvDisablesSHM(t *testing.T) {
+	withEnv(t, map[string]string{EnvDisableSHM: "1"})
+	ln := listen(t, nil)
+	c, s := pipe(t, ln, nil)
+	defer c.Close()
+	defer s.Close()
+	exchangeSizes(t, c, s, 10, 1)
+	require.NotEqual(t, TransportSHM, c.Transport(), "client, reason %v", c.FallbackReason())
+	require.NotEqual(t, TransportSHM, s.Transport(), "server, reason %v", s.FallbackReason())
 }
