@@ -19,6 +19,12 @@ ulimit -n 65536
 # refuses (rdma-core probes the largest inline size that way), thousands in a load
 # test. dmesg, filtered, is printed at the end.
 echo 3 > /proc/sys/kernel/printk
+# Process IDs must not wrap during a run: busybox's timeout leaves a watcher behind each
+# command it starts, which checks once a second that the command's PID is alive and
+# signals that PID when its time is up. With the default pid_max (32768) the Go test
+# binaries' threads wrap the PIDs within minutes, and a watcher whose command ended
+# could signal the new process that took its PID (a server of a later step, say).
+echo 4194304 > /proc/sys/kernel/pid_max
 
 . /ci/config
 . /ci/lib.sh

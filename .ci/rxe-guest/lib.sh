@@ -91,8 +91,15 @@ wait_listen() {
 }
 
 # stop <pid> <label>: SIGTERM a background server, wait for it and say how it ended.
+# A server that had ended before it was stopped (it died, or something else signalled
+# it) is a failure, said as such.
 stop() {
   local rc
+  if ! kill -0 "$1" 2>/dev/null; then
+    wait "$1"
+    echo "$2 had already ended (status $?) before it was stopped"
+    return 1
+  fi
   kill -TERM "$1" 2>/dev/null
   wait "$1"
   rc=$?
