@@ -147,14 +147,23 @@ func (c *Conn) teardown() error {
 	return errors.Join(errs...)
 }
 
+// dataAckedLocked reports whether the peer's device acknowledged every byte Write
+// accepted: the staging buffer holds none still in flight, and no older staging buffer
+// waits for its sends.
+func (c *Conn) dataAckedLocked() bool {
+	return c.stageHead == c.stageTail && (c.ep == nil || c.ep.oldSend == nil)
+}
+
 // drain waits until the FIN has been posted and has completed (and with it, in order,
 // every write before it), the Conn fails, the peer is gone, or the linger time passes.
 //
-// It returns an error, which Close reports, when it ends with work requests the peer's
-// device never acknowledged because the Conn failed or the linger time passed: bytes
-// Write accepted may then be lost (as with a TCP socket reset, or closed with SO_LINGER
-// and a timeout), and a nil error from Close means every one of them reached the peer's
-// ring. It returns nil when Linger is negative: the caller chose not to wait.
+// It returns an error, which Close reports, when the Conn failed with bytes Write
+// accepted that the peer's device never acknowledged, or when the linger time passed
+// before the FIN (and every write before it) was acknowledged: bytes may then be lost,
+// or the peer may never see the stream's end (as with a TCP socket reset, or closed
+// with SO_LINGER and a timeout). A nil error from Close means every byte Write accepted
+// reached the peer's ring. It returns nil when Linger is negative: the caller chose not
+// to wait.
 func (c *Conn) drain() error {
 	if c.linger < 0 {
 		return nil
@@ -172,12 +181,15 @@ func (c *Conn) drain() error {
 		delivered := c.finPosted && c.sqDone > c.finID
 		failed, gone := c.err, c.peerGone
 		unacked := c.sqPosted - c.sqDone
+		dataAcked := c.dataAckedLocked()
 		c.mu.Unlock()
 		switch {
 		case delivered || (gone && failed == nil):
 			return nil
-		case failed != nil && unacked == 0:
-			return nil // everything posted was acknowledged; the failure was reported
+		case failed != nil && (unacked == 0 || dataAcked):
+			// Every byte Write accepted was acknowledged (what is left unacknowledged,
+			// the FIN or a control message, carries none); the failure was reported.
+			return nil
 		case failed != nil:
 			return fmt.Errorf("rdma: close: %d work requests (writes or the FIN) never acknowledged by the peer, so bytes Write accepted may be lost: %w", unacked, failed)
 		}

@@ -169,6 +169,7 @@ func TestCloseWithFakeQP(t *testing.T) {
 		linger    time.Duration
 		before    func(t *testing.T, c *Conn) // after a Write of "data", before Close
 		ackFIN    bool                        // complete the FIN while Close waits
+		failFIN   bool                        // fail the Conn while Close waits for the FIN
 		wantKinds []flowctl.Kind              // posted by the end
 		wantErr   error
 		wantText  string
@@ -197,6 +198,10 @@ func TestCloseWithFakeQP(t *testing.T) {
 				c.mu.Unlock()
 			},
 			wantKinds: []flowctl.Kind{flowctl.KindData}, wantToErr: 2},
+		{name: "failed with only the FIN unacknowledged", linger: time.Minute,
+			before:    func(t *testing.T, c *Conn) { c.onSendDone(0) }, // the data WR, completed
+			failFIN:   true,
+			wantKinds: []flowctl.Kind{flowctl.KindData, flowctl.KindFIN}, wantToErr: 1},
 		{name: "peer gone", linger: time.Minute,
 			before:    func(t *testing.T, c *Conn) { c.controlLost(io.EOF) },
 			wantKinds: []flowctl.Kind{flowctl.KindData, flowctl.KindFIN}, wantToErr: 1},
@@ -219,6 +224,11 @@ func TestCloseWithFakeQP(t *testing.T) {
 					fin := wrs[len(wrs)-1]
 					require.NotZero(t, fin.Flags&verbs.SendSignaled, "the FIN is signaled, so Close can wait for it")
 					c.onCompletion(sendDone(fin.ID))
+				}
+				if tt.failFIN {
+					c.mu.Lock()
+					c.failLocked(qpError("completion", boom))
+					c.mu.Unlock()
 				}
 				err = <-done
 				if tt.wantErr == nil {
