@@ -2,8 +2,6 @@ package rsock
 
 import (
 	"fmt"
-	"net"
-	"net/netip"
 
 	"github.com/rsockio/rsock/rsock/internal/rdma"
 	"github.com/rsockio/rsock/verbs"
@@ -75,14 +73,8 @@ func sameHostOptions(o rdma.Options) rdma.Options {
 // sameHost reports whether boot's peer is on this host: a loopback address, or this
 // side's own address.
 func sameHost(boot bootConn) bool {
-	addr := func(a net.Addr) netip.Addr {
-		if ap, err := netip.ParseAddrPort(a.String()); err == nil {
-			return ap.Addr().Unmap()
-		}
-		return netip.Addr{}
-	}
-	r := addr(boot.RemoteAddr())
-	return r.IsValid() && (r.IsLoopback() || r == addr(boot.LocalAddr()))
+	r := addrOf(boot.RemoteAddr())
+	return r.IsValid() && (r.IsLoopback() || r == addrOf(boot.LocalAddr()))
 }
 
 // newUpgradedConn returns the Conn of an upgrade that moved the data path to RDMA or

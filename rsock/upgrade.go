@@ -540,18 +540,6 @@ func prepareEndpoint(ctx context.Context, cfg *Config, boot bootConn, budget rdm
 // IP. A QUIC socket bound to the wildcard address does not know it; on loopback the
 // remote address is the local one.
 func localIP(c bootConn) (netip.Addr, bool) {
-	addrOf := func(a net.Addr) netip.Addr {
-		switch a := a.(type) { // the common cases, without formatting and parsing
-		case *net.TCPAddr:
-			return a.AddrPort().Addr().Unmap()
-		case *net.UDPAddr:
-			return a.AddrPort().Addr().Unmap()
-		}
-		if ap, err := netip.ParseAddrPort(a.String()); err == nil {
-			return ap.Addr().Unmap()
-		}
-		return netip.Addr{}
-	}
 	ip := addrOf(c.LocalAddr())
 	if ip.IsValid() && !ip.IsUnspecified() {
 		return ip, true
@@ -560,6 +548,20 @@ func localIP(c bootConn) (netip.Addr, bool) {
 		return r, true
 	}
 	return netip.Addr{}, false
+}
+
+// addrOf returns the IP address of a, or the zero Addr.
+func addrOf(a net.Addr) netip.Addr {
+	switch a := a.(type) { // the common cases, without formatting and parsing
+	case *net.TCPAddr:
+		return a.AddrPort().Addr().Unmap()
+	case *net.UDPAddr:
+		return a.AddrPort().Addr().Unmap()
+	}
+	if ap, err := netip.ParseAddrPort(a.String()); err == nil {
+		return ap.Addr().Unmap()
+	}
+	return netip.Addr{}
 }
 
 // prepareReason turns a failure to prepare an endpoint into a fallback reason.
