@@ -118,6 +118,8 @@ type Conn struct {
 	proofSlot        []byte     // where the proof WQE takes it: ProofMaxLen bytes of the mailbox
 
 	stats connStats // counters and tracing hooks (stats.go)
+
+	direct directWriter // large Writes posted from the caller's buffer (zcopy.go), guarded by mu
 }
 
 // queuePair is what a Conn needs of its QP once connected: posting, its number, and

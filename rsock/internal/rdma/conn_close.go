@@ -138,6 +138,9 @@ func (c *Conn) teardown() error {
 	c.mu.Lock()
 	left := c.reading
 	c.releaseLeft = left
+	if err := c.releaseDirectLocked(); err != nil { // zcopy.go
+		errs = append(errs, err)
+	}
 	c.mu.Unlock()
 	if !left {
 		if err := c.ep.release(); err != nil {
@@ -148,10 +151,11 @@ func (c *Conn) teardown() error {
 }
 
 // dataAckedLocked reports whether the peer's device acknowledged every byte Write
-// accepted: the staging buffer holds none still in flight, and no older staging buffer
-// waits for its sends.
+// accepted: the staging buffer holds none still in flight, no older staging buffer
+// waits for its sends, and no direct write's WRs are outstanding.
 func (c *Conn) dataAckedLocked() bool {
-	return c.stageHead == c.stageTail && (c.ep == nil || c.ep.oldSend == nil)
+	return c.stageHead == c.stageTail && (c.ep == nil || c.ep.oldSend == nil) &&
+		c.sqDone >= c.direct.until // and no direct write (zcopy.go) is in flight
 }
 
 // drain waits until the FIN has been posted and has completed (and with it, in order,

@@ -12,10 +12,14 @@ import (
 
 // Write copies p into the registered staging buffer and writes it into the peer's ring
 // with RDMA_WRITE_WITH_IMM, as fast as the peer's credits allow. It returns when all of
-// p is posted: on RC, posted bytes reach the peer unless the connection fails.
+// p is posted: on RC, posted bytes reach the peer unless the connection fails. A large
+// p the provider can register is posted from p itself instead (zcopy.go).
 func (c *Conn) Write(p []byte) (int, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	if n, ok, err := c.writeDirect(p); ok { // large, and the provider can post from p (zcopy.go)
+		return n, err
+	}
 	n := 0
 	for {
 		m, err := c.writeSome(p[n:], nil)

@@ -1,0 +1,271 @@
+package rdma
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"unsafe"
+
+	"github.com/rsockio/rsock/verbs"
+)
+
+// Direct writes: a large Write posted from the application's own buffer.
+//
+// A Write normally copies its bytes into the registered staging buffer and posts them
+// from there; the provider (or the NIC) then copies staging into the peer's ring, and
+// the peer's Read copies the ring into its buffer: three copies. Where the provider can
+// register memory the caller owns (its PD implements [verbs.MemoryRegistrar]: soft
+// does, ibv and shm do not), a Write of at least directMinWrite bytes skips the first:
+// it registers the buffer (through a small per-Conn cache keyed by address range, so a
+// buffer written again is registered once), posts RDMA_WRITE_WITH_IMMs whose SGEs name
+// the buffer, and returns only once the device has completed them, because the
+// application may reuse the buffer as soon as Write returns.
+//
+// Nothing changes on the wire: the peer receives the same messages into the same ring,
+// in the same order as staged ones (they share the send queue and flowctl's
+// reservations), so it needs no capability and old peers are unaffected. Smaller
+// writes, ReadFrom, and providers without the capability use staging as before; so
+// does a Write whose registration fails (the cache then stops trying on that Conn).
+//
+// Completion, not posting, ends a direct Write. Each chunk's last WR is signaled, and
+// the Write waits until the send queue has retired it: on success, the device read
+// every byte; on a failure, the QP is in ERROR and nothing more leaves it. That wait
+// observes neither the write deadline nor Close: the device completes or fails what was
+// posted within its transport timeouts, whatever the peer's application does. A deadline
+// or Close that comes mid-Write stops further posting; the Write then reports the bytes
+// posted, as a staged Write does. Only a teardown (Close after its linger time) ends the
+// wait early, after the QP was moved to ERROR.
+//
+// The cache keeps at most directCacheSize buffers registered, the least recently used
+// replaced first, and holds a reference to each, so that their memory can be neither
+// freed nor reused while registered (Go's heap does not move objects). The last ones a
+// Conn wrote from stay referenced until it closes.
+const (
+	directMinWrite  = 32 << 10
+	directCacheSize = 4
+)
+
+// directWriter is a Conn's registration cache and the progress of its direct writes.
+// Guarded by Conn.mu.
+type directWriter struct {
+	looked  bool                  // reg was looked up (from the endpoint's PD)
+	reg     verbs.MemoryRegistrar // nil: no capability, or the cache was turned off
+	minLen  int                   // smallest direct Write; 0: directMinWrite
+	entries [directCacheSize]directMR
+	clock   uint64 // use counter, for least-recently-used replacement
+	until   uint64 // send WRs posted after the last direct WR: sqDone reaches it when all completed
+	torn    bool   // teardown released the QP: no completion will come
+}
+
+// directMR is one cached registration: buf is the registered memory, kept referenced.
+type directMR struct {
+	mr   verbs.MR
+	buf  []byte
+	used uint64
+}
+
+// directRegion returns a registered region holding p and the offset of p in it, or nil
+// when p is to be staged. Called with mu held.
+func (c *Conn) directRegion(p []byte) (verbs.MR, uint64) {
+	d := &c.direct
+	if !d.looked {
+		d.looked = true
+		if c.ep != nil && c.ep.pd != nil {
+			d.reg, _ = c.ep.pd.(verbs.MemoryRegistrar)
+		}
+	}
+	if d.reg == nil || d.torn {
+		return nil, 0
+	}
+	d.clock++
+	start := uintptr(unsafe.Pointer(unsafe.SliceData(p)))
+	victim := -1 // the first free entry, else the least recently used
+	for i := range d.entries {
+		e := &d.entries[i]
+		if e.mr == nil {
+			if victim < 0 || d.entries[victim].mr != nil {
+				victim = i
+			}
+			continue
+		}
+		base := uintptr(unsafe.Pointer(unsafe.SliceData(e.buf)))
+		if start >= base && start+uintptr(len(p)) <= base+uintptr(len(e.buf)) {
+			e.used = d.clock
+			return e.mr, uint64(start - base)
+		}
+		if victim < 0 || (d.entries[victim].mr != nil && e.used < d.entries[victim].used) {
+			victim = i
+		}
+	}
+	e := &d.entries[victim]
+	if e.mr != nil {
+		// No direct WR is in flight between Writes: each waits for its own.
+		err := e.mr.Close()
+		*e = directMR{}
+		if err != nil {
+			c.failLocked(fmt.Errorf("%w: deregister a written buffer: %w", ErrQPFailed, err))
+			return nil, 0
+		}
+	}
+	mr, err := d.reg.RegMemory(p, verbs.AccessLocalWrite)
+	if err != nil {
+		d.reg = nil // out of regions, most likely: stage from now on
+		return nil, 0
+	}
+	*e = directMR{mr: mr, buf: p, used: d.clock}
+	return mr, 0
+}
+
+// releaseDirectLocked deregisters every cached buffer; the Conn stages from now on.
+// Teardown calls it, once the QP is in ERROR, and wakes a Write waiting for its WRs.
+func (c *Conn) releaseDirectLocked() error {
+	d := &c.direct
+	d.torn = true
+	var first error
+	for i := range d.entries {
+		if e := &d.entries[i]; e.mr != nil {
+			if err := e.mr.Close(); err != nil && first == nil {
+				first = fmt.Errorf("rdma: close: deregister a written buffer: %w", err)
+			}
+			*e = directMR{}
+		}
+	}
+	signal(c.writable)
+	return first
+}
+
+// writeDirect writes all of p from p itself, if p qualifies (see above), and reports
+// whether it did; if not, the caller stages p. Called with wmu held.
+func (c *Conn) writeDirect(p []byte) (n int, ok bool, err error) {
+	least := c.direct.minLen
+	if least == 0 {
+		least = directMinWrite
+	}
+	if len(p) < least {
+		return 0, false, nil
+	}
+	c.mu.Lock()
+	mr, off := c.directRegion(p)
+	c.mu.Unlock()
+	if mr == nil {
+		return 0, false, nil
+	}
+	n, err = c.postDirect(p, mr, off)
+	if werr := c.awaitDirect(); err == nil {
+		err = werr
+	}
+	return n, true, err
+}
+
+// postDirect posts p, registered in mr at offset off, chunk by chunk as credit and the
+// send queue allow, until all of it is posted, the deadline passes, or the Conn fails
+// or closes. It returns the bytes posted.
+func (c *Conn) postDirect(p []byte, mr verbs.MR, off uint64) (int, error) {
+	s := spin{c: c}
+	defer s.end()
+	var stall creditStall
+	defer stall.end(c) // outside mu: the hook may call back into c
+	n := 0
+	for n < len(p) {
+		if isClosed(c.wdl.wait()) {
+			return n, os.ErrDeadlineExceeded
+		}
+		c.mu.Lock()
+		c.writeParked = false
+		if err := c.writeErrLocked(); err != nil {
+			c.mu.Unlock()
+			return n, err
+		}
+		if room := c.directRoomLocked(); room > 0 {
+			m, err := c.postDirectLocked(mr, off+uint64(n), min(len(p)-n, room))
+			c.mu.Unlock()
+			n += m
+			if err != nil {
+				return n, err
+			}
+			continue
+		}
+		if c.fc.Writable() == 0 {
+			stall.noCredit()
+		}
+		if s.more() {
+			c.mu.Unlock()
+			c.pollWaiting()
+			continue
+		}
+		c.writeParked = true
+		c.mu.Unlock()
+		if err := c.waitWritable(); err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// directRoomLocked is how many bytes one direct post may carry now: what flow control
+// allows, when the send queue has room for a reservation's two WRs.
+func (c *Conn) directRoomLocked() int {
+	if c.sqDepth-(c.sqPosted-c.sqDone) < 2 {
+		return 0
+	}
+	return c.fc.Writable()
+}
+
+// postDirectLocked reserves up to n bytes and posts them, as one or two writes, from
+// mr at offset off; the last is signaled, so that awaitDirect learns when they are
+// done. They take no staging: completing them frees what was staged before them.
+func (c *Conn) postDirectLocked(mr verbs.MR, off uint64, n int) (int, error) {
+	res, err := c.fc.ReserveData(n)
+	if err != nil {
+		c.failLocked(protocolError(err))
+		return 0, c.err
+	}
+	addr := mr.Addr() + off
+	for i := range res.Count {
+		m := res.Msgs[i]
+		c.fillWR(i, m, addr, i == res.Count-1)
+		c.sges[i][0].LKey = mr.LKey()
+		addr += uint64(m.Len)
+		c.wrEnd[i] = c.stageTail
+	}
+	if err := c.postLocked(res.Count); err != nil {
+		return 0, err
+	}
+	c.direct.until = c.sqPosted
+	c.stats.sent(res.Count, res.Bytes)
+	return res.Bytes, nil
+}
+
+// awaitDirect waits until the device has completed every direct WR posted, the Conn
+// has failed (its QP is then in ERROR), or teardown released the QP. It returns the
+// failure, if any.
+func (c *Conn) awaitDirect() error {
+	s := spin{c: c}
+	defer s.end()
+	for {
+		c.mu.Lock()
+		c.writeParked = false
+		switch {
+		case c.sqDone >= c.direct.until:
+			c.mu.Unlock()
+			return nil
+		case c.err != nil:
+			err := c.err
+			c.mu.Unlock()
+			return err
+		case c.direct.torn:
+			c.mu.Unlock()
+			return errClosedMidWrite
+		}
+		if s.more() {
+			c.mu.Unlock()
+			c.pollWaiting()
+			continue
+		}
+		c.writeParked = true
+		c.mu.Unlock()
+		<-c.writable // completions, failure and teardown all signal it
+	}
+}
+
+var errClosedMidWrite = fmt.Errorf("rdma: write: closed before the device completed the write: %w", net.ErrClosed)
