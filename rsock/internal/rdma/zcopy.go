@@ -68,13 +68,16 @@ type directMR struct {
 // when p is to be staged. Called with mu held.
 func (c *Conn) directRegion(p []byte) (verbs.MR, uint64) {
 	d := &c.direct
+	if d.torn {
+		return nil, 0 // and the endpoint, its PD included, may be released
+	}
 	if !d.looked {
 		d.looked = true
 		if c.ep != nil && c.ep.pd != nil {
 			d.reg, _ = c.ep.pd.(verbs.MemoryRegistrar)
 		}
 	}
-	if d.reg == nil || d.torn {
+	if d.reg == nil {
 		return nil, 0
 	}
 	d.clock++
