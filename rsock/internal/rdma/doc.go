@@ -39,7 +39,7 @@
 // down fails its connections at once, port changes refresh the device listing),
 // conn_alive.go (liveness: the keepalive probe and the silence bound), caps.go (device
 // limits), budget.go (registered-memory budget and RLIMIT_MEMLOCK), conn_resize.go
-// (rings that grow and shrink).
+// (rings that grow and shrink), zcopy.go (large Writes posted from the caller's buffer).
 //
 // Work request IDs carry the endpoint's generation (conn_flow.go), so a destroyed QP's
 // completions, which some devices leave in the shared CQ, never reach the connection
@@ -152,6 +152,17 @@
 // 512 KiB ring and 256 KiB of staging (BenchmarkStream). Every ring, fixed or not, is
 // followed by its mailbox, since any peer may grow: the hello's version rules out peers
 // from before rings grew, so no capability bit is needed.
+//
+// # Direct writes
+//
+// A Write of 32 KiB or more, on a provider whose protection domain registers memory
+// the caller owns (verbs.MemoryRegistrar: soft; not ibv or shm), skips the staging
+// copy: it registers the application's buffer through a small per-connection cache and
+// posts from it, and returns once the device has completed those sends, so the buffer
+// may be reused at once (zcopy.go). The wire is unchanged, so no capability bit is
+// needed. Such registrations are the application's memory, not the engine's: they are
+// not charged to Options.MaxRegisteredMemory, which is why only a provider that does
+// not pin memory offers them today.
 //
 // # Registered memory limits
 //
