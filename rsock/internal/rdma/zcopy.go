@@ -1,6 +1,7 @@
 package rdma
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -25,7 +26,8 @@ import (
 // in the same order as staged ones (they share the send queue and flowctl's
 // reservations), so it needs no capability and old peers are unaffected. Smaller
 // writes, ReadFrom, and providers without the capability use staging as before; so
-// does a Write whose registration fails (the cache then stops trying on that Conn).
+// does a Write whose buffer the provider refuses (too large for one region, say), and
+// every later one once a registration fails for want of resources.
 //
 // Completion, not posting, ends a direct Write. Each chunk's last WR is signaled, and
 // the Write waits until the send queue has retired it: on success, the device read
@@ -112,7 +114,9 @@ func (c *Conn) directRegion(p []byte) (verbs.MR, uint64) {
 	}
 	mr, err := d.reg.RegMemory(p, verbs.AccessLocalWrite)
 	if err != nil {
-		d.reg = nil // out of regions, most likely: stage from now on
+		if !errors.Is(err, verbs.ErrInvalidArgument) {
+			d.reg = nil // out of regions, most likely: stage from now on
+		} // else this buffer only (too large for one region, say) is staged
 		return nil, 0
 	}
 	*e = directMR{mr: mr, buf: p, used: d.clock}

@@ -279,6 +279,20 @@ func TestWriteDirectCache(t *testing.T) {
 	require.Equal(t, directCacheSize+2, regs, "bufs[2] was the one replaced")
 	require.Equal(t, 2, deregs)
 
+	// A buffer the provider refuses is staged; the next is registered.
+	r.mu.Lock()
+	r.fail = fmt.Errorf("too large: %w", verbs.ErrInvalidArgument)
+	r.mu.Unlock()
+	regs, _ = r.counts()
+	write(make([]byte, 2*thr))
+	require.Equal(t, uint32(fakeStageKey), q.posted()[len(q.posted())-1].SGL[0].LKey, "a refused buffer is staged")
+	r.mu.Lock()
+	r.fail = nil
+	r.mu.Unlock()
+	write(make([]byte, 2*thr))
+	regs2, _ := r.counts()
+	require.Equal(t, regs+1, regs2, "direct writes go on after a refused buffer")
+
 	c.mu.Lock()
 	require.NoError(t, c.releaseDirectLocked())
 	c.mu.Unlock()
