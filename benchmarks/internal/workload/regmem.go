@@ -44,7 +44,23 @@ func (c *countingContext) AllocPD() (verbs.PD, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &countingPD{PD: pd, r: c.r}, nil
+	cp := &countingPD{PD: pd, r: c.r}
+	if reg, ok := pd.(verbs.MemoryRegistrar); ok {
+		return &countingRegPD{countingPD: cp, reg: reg}, nil // keep the capability visible
+	}
+	return cp, nil
+}
+
+// countingRegPD is a countingPD whose provider registers caller memory: it passes
+// RegMemory through uncounted (the memory is the application's, not the engine's), so
+// the engine's direct writes run as they do on the provider.
+type countingRegPD struct {
+	*countingPD
+	reg verbs.MemoryRegistrar
+}
+
+func (p *countingRegPD) RegMemory(buf []byte, access verbs.AccessFlags) (verbs.MR, error) {
+	return p.reg.RegMemory(buf, access)
 }
 
 type countingPD struct {
