@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/net/nettest"
 
 	"github.com/rsockio/rsock/flowctl"
 	"github.com/rsockio/rsock/verbs"
@@ -555,4 +556,16 @@ func BenchmarkWriteDirect(b *testing.B) {
 			})
 		}
 	}
+}
+
+// TestNetConnDirect runs the net.Conn conformance tests with every Write of 1 byte or
+// more direct: deadlines, Close and concurrent methods meet direct writes.
+func TestNetConnDirect(t *testing.T) {
+	f := soft.New(soft.Options{})
+	nettest.TestConn(t, func() (c1, c2 net.Conn, stop func(), err error) {
+		a, b := connPair(t, f, Options{RingSize: 16 << 10, SendBufferSize: 8 << 10})
+		a.direct.minLen, b.direct.minLen = 1, 1
+		return a, b, func() { a.Close(); b.Close() }, nil
+	})
+	requireReleased(t, f)
 }
