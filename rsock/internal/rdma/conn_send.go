@@ -396,6 +396,7 @@ func (c *Conn) sendKeepalive() {
 		c.postLocked(1)
 	}
 	c.idleShrinkLocked()
+	c.idleDirectLocked() // zcopy.go
 	c.mu.Unlock()
 	c.ctrl.SetWriteDeadline(time.Now().Add(c.kaPeriod))
 	if _, err := c.ctrl.Write(ctrlKeepalive[:]); err != nil {

@@ -40,8 +40,8 @@ import (
 //
 // The cache keeps at most directCacheSize buffers registered, the least recently used
 // replaced first, and holds a reference to each, so that their memory can be neither
-// freed nor reused while registered (Go's heap does not move objects). The last ones a
-// Conn wrote from stay referenced until it closes.
+// freed nor reused while registered (Go's heap does not move objects). A buffer no
+// Write used for a keepalive period is let go (idleDirectLocked).
 const (
 	directMinWrite  = 32 << 10
 	directCacheSize = 4
@@ -55,7 +55,9 @@ type directWriter struct {
 	minLen  int                   // smallest direct Write; 0: directMinWrite
 	entries [directCacheSize]directMR
 	clock   uint64 // use counter, for least-recently-used replacement
+	atTick  uint64 // clock at the last keepalive tick (idleDirectLocked)
 	until   uint64 // send WRs posted after the last direct WR: sqDone reaches it when all completed
+	writing bool   // a direct Write holds an entry, from its lookup to its completions
 	torn    bool   // teardown released the QP: no completion will come
 }
 
@@ -95,7 +97,7 @@ func (c *Conn) directRegion(p []byte) (verbs.MR, uint64) {
 		}
 		base := uintptr(unsafe.Pointer(unsafe.SliceData(e.buf)))
 		if start >= base && start+uintptr(len(p)) <= base+uintptr(len(e.buf)) {
-			e.used = d.clock
+			e.used, d.writing = d.clock, true
 			return e.mr, uint64(start - base)
 		}
 		if victim < 0 || (d.entries[victim].mr != nil && e.used < d.entries[victim].used) {
@@ -120,7 +122,31 @@ func (c *Conn) directRegion(p []byte) (verbs.MR, uint64) {
 		return nil, 0
 	}
 	*e = directMR{mr: mr, buf: p, used: d.clock}
+	d.writing = true
 	return mr, 0
+}
+
+// idleDirectLocked deregisters, and stops referencing, the cached buffers no Write
+// used since the last keepalive tick, so that a buffer written once is not held until
+// the Conn closes: a connection with keepalives holds its direct writes' buffers for
+// one to two periods after their last use, one without them until it closes (or
+// until newer buffers replace them). Called with mu held, from the keepalive timer.
+func (c *Conn) idleDirectLocked() {
+	d := &c.direct
+	if d.writing || d.torn {
+		return // the Write in progress may be using any entry
+	}
+	for i := range d.entries {
+		if e := &d.entries[i]; e.mr != nil && e.used <= d.atTick {
+			err := e.mr.Close()
+			*e = directMR{}
+			if err != nil {
+				c.failLocked(fmt.Errorf("%w: deregister a written buffer: %w", ErrQPFailed, err))
+				return
+			}
+		}
+	}
+	d.atTick = d.clock
 }
 
 // releaseDirectLocked deregisters every cached buffer; the Conn stages from now on.
@@ -254,13 +280,16 @@ func (c *Conn) awaitDirect() error {
 		c.writeParked = false
 		switch {
 		case c.sqDone >= c.direct.until:
+			c.direct.writing = false
 			c.mu.Unlock()
 			return nil
 		case c.err != nil:
 			err := c.err
+			c.direct.writing = false
 			c.mu.Unlock()
 			return err
 		case c.direct.torn:
+			c.direct.writing = false
 			c.mu.Unlock()
 			return errClosedMidWrite
 		}

@@ -569,3 +569,48 @@ func TestNetConnDirect(t *testing.T) {
 	})
 	requireReleased(t, f)
 }
+
+// TestWriteDirectIdleRelease checks that a cached buffer no Write used for a whole
+// keepalive period is deregistered at the next tick, that one in use is kept, and that
+// no tick touches the cache while a direct Write holds it.
+func TestWriteDirectIdleRelease(t *testing.T) {
+	const thr = 1 << 10
+	q := &fakeQP{}
+	c, r := directFakeConn(t, q, thr)
+	stop := sendCompleter(t, c, q)
+	defer stop()
+	old, hot := make([]byte, 2*thr), make([]byte, 2*thr)
+	write := func(p []byte) {
+		t.Helper()
+		_, err := c.Write(p)
+		require.NoError(t, err)
+	}
+	tick := func() {
+		c.mu.Lock()
+		c.idleDirectLocked()
+		c.mu.Unlock()
+	}
+	write(old)
+	write(hot)
+	tick() // both used since the last tick: kept
+	require.Equal(t, 2, directRegistered(c))
+	write(hot)
+	tick() // old idle for a period: released
+	require.Equal(t, 1, directRegistered(c))
+	_, deregs := r.counts()
+	require.Equal(t, 1, deregs)
+
+	c.mu.Lock()
+	c.direct.writing = true // as between a Write's lookup and its completions
+	c.idleDirectLocked()
+	c.idleDirectLocked()
+	c.direct.writing = false
+	c.mu.Unlock()
+	require.Equal(t, 1, directRegistered(c), "a tick during a direct Write released its buffer")
+	tick()
+	tick()
+	require.Zero(t, directRegistered(c), "an idle buffer outlived two ticks")
+	write(old)
+	regs, _ := r.counts()
+	require.Equal(t, 3, regs, "a released buffer written again is registered again")
+}
