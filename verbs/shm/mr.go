@@ -47,13 +47,13 @@ func (p *PD) RegMR(length int, access verbs.AccessFlags) (verbs.MR, error) {
 	if !reserve(&d.nMR, maxMR) {
 		return nil, fmt.Errorf("shm: register MR: device limit of %d MRs: %w", maxMR, verbs.ErrNoResources)
 	}
-	if err := p.refs.acquire(); err != nil {
+	if err := p.refs.Acquire(); err != nil {
 		d.nMR.Add(-1)
 		return nil, fmt.Errorf("shm: register MR: %w", err)
 	}
 	fd, mem, err := newSharedMemory(length)
 	if err != nil {
-		p.refs.release()
+		p.refs.Release()
 		d.nMR.Add(-1)
 		return nil, fmt.Errorf("shm: register MR of %d bytes: %w: %w", length, verbs.ErrNoResources, err)
 	}
@@ -179,7 +179,7 @@ func (m *MR) Close() error {
 	unix.Close(m.fd)
 	m.dev.mrMu.Unlock()
 	m.dev.nMR.Add(-1)
-	m.pd.refs.release()
+	m.pd.refs.Release()
 	return nil
 }
 

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/internal/rc"
 )
 
 // QP is a reliable-connected queue pair. It implements [verbs.QP] with the RC rules of
@@ -44,8 +45,7 @@ type QP struct {
 	// also reset to fire at once after a fatal error, to flush the queues.
 	timer *time.Timer
 
-	sqPolled atomic.Uint64 // send-queue slots released by polled completions
-	rqPolled atomic.Uint64 // receive-queue slots released by polled completions
+	polled rc.Slots // send- and receive-queue slots released by polled completions
 
 	sq sendQueue
 	rq recvQueue
@@ -152,18 +152,18 @@ func (p *PD) CreateQP(attr verbs.QPInitAttr) (verbs.QP, error) {
 	if !reserve(&d.nQP, maxQP) {
 		return nil, fmt.Errorf("shm: create QP: device limit of %d QPs: %w", maxQP, verbs.ErrNoResources)
 	}
-	if err := p.refs.acquire(); err != nil {
+	if err := p.refs.Acquire(); err != nil {
 		d.nQP.Add(-1)
 		return nil, fmt.Errorf("shm: create QP: %w", err)
 	}
 	if err := scq.use(); err != nil {
-		p.refs.release()
+		p.refs.Release()
 		d.nQP.Add(-1)
 		return nil, fmt.Errorf("shm: create QP: send CQ: %w", err)
 	}
 	if err := rcq.use(); err != nil {
 		scq.unuse()
-		p.refs.release()
+		p.refs.Release()
 		d.nQP.Add(-1)
 		return nil, fmt.Errorf("shm: create QP: receive CQ: %w", err)
 	}
@@ -181,7 +181,7 @@ func (p *PD) CreateQP(attr verbs.QPInitAttr) (verbs.QP, error) {
 	if err != nil {
 		rcq.unuse()
 		scq.unuse()
-		p.refs.release()
+		p.refs.Release()
 		d.nQP.Add(-1)
 		return nil, fmt.Errorf("shm: create QP: %w: %w", verbs.ErrNoResources, err)
 	}
@@ -344,11 +344,11 @@ func (q *QP) ToReset() error {
 	q.timer.Stop()
 	q.discardLocked()
 	s := &q.sq
-	s.posted, s.unreported = q.sqPolled.Load(), 0
+	s.posted, s.unreported = q.polled.SQ.Load(), 0
 	s.sgid, s.destGID, s.destQPN, s.av = verbs.GID{}, verbs.GID{}, 0, verbs.AddressVector{}
 	s.timeout, s.retry, s.rnrRetry, s.psn = 0, 0, 0, 0
 	r := &q.rq
-	r.posted = q.rqPolled.Load()
+	r.posted = q.polled.RQ.Load()
 	r.access, r.srcGID, r.srcQPN, r.minRNR, r.epsn = 0, verbs.GID{}, 0, 0, 0
 	return nil
 }
@@ -389,7 +389,7 @@ func (q *QP) Close() error {
 	q.recvCQ.removeFeeder(q)
 	q.sendCQ.unuse()
 	q.recvCQ.unuse()
-	q.pd.refs.release()
+	q.pd.refs.Release()
 	q.dev.nQP.Add(-1)
 	return nil
 }

@@ -28,7 +28,7 @@ func (q *QP) postRecvLocked(w *verbs.RecvWR) error {
 	if len(w.SGL) > q.caps.MaxRecvSGE {
 		return errRecvSGEs
 	}
-	if q.rq.posted-q.rqPolled.Load() >= uint64(q.caps.MaxRecvWR) {
+	if q.rq.posted-q.polled.RQ.Load() >= uint64(q.caps.MaxRecvWR) {
 		return errRecvQueueFull
 	}
 	q.rq.posted++

@@ -44,7 +44,7 @@ func (p *PD) RegMR(length int, access verbs.AccessFlags) (verbs.MR, error) {
 	if !reserve(&d.nMR, d.attr.MaxMR) {
 		return nil, fmt.Errorf("soft: register MR: device limit of %d MRs: %w", d.attr.MaxMR, verbs.ErrNoResources)
 	}
-	if err := p.refs.acquire(); err != nil {
+	if err := p.refs.Acquire(); err != nil {
 		d.nMR.Add(-1)
 		return nil, fmt.Errorf("soft: register MR: %w", err)
 	}
@@ -85,7 +85,7 @@ func (m *MR) Close() error {
 	}
 	m.dev.mrs.remove(m.key)
 	m.dev.nMR.Add(-1)
-	m.pd.refs.release()
+	m.pd.refs.Release()
 	m.dev.fab.live.mrs.Add(-1)
 	return nil
 }

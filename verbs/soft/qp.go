@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/internal/rc"
 )
 
 const psnMask = 1<<24 - 1
@@ -40,8 +41,7 @@ type QP struct {
 	// goroutine exists while nothing waits.
 	timer *time.Timer
 
-	sqPolled atomic.Uint64 // send-queue slots released by polled completions
-	rqPolled atomic.Uint64 // receive-queue slots released by polled completions
+	polled rc.Slots // send- and receive-queue slots released by polled completions
 
 	sq sendQueue
 	rq recvQueue
@@ -64,7 +64,7 @@ type sendQueue struct {
 	scratch []byte      // inline payload of the WR being posted
 	vec     [][]byte    // resolved local buffers of the WR being executed
 
-	posted     uint64 // WRs accepted; posted - sqPolled is the slots in use
+	posted     uint64 // WRs accepted; posted - polled.SQ is the slots in use
 	unreported uint64 // WRs completed without a completion, released by the next one
 
 	// Connection, set by ToRTR and ToRTS.
@@ -150,18 +150,18 @@ func (p *PD) CreateQP(attr verbs.QPInitAttr) (verbs.QP, error) {
 	if !reserve(&d.nQP, d.attr.MaxQP) {
 		return nil, fmt.Errorf("soft: create QP: device limit of %d QPs: %w", d.attr.MaxQP, verbs.ErrNoResources)
 	}
-	if err := p.refs.acquire(); err != nil {
+	if err := p.refs.Acquire(); err != nil {
 		d.nQP.Add(-1)
 		return nil, fmt.Errorf("soft: create QP: %w", err)
 	}
 	if err := scq.use(); err != nil {
-		p.refs.release()
+		p.refs.Release()
 		d.nQP.Add(-1)
 		return nil, fmt.Errorf("soft: create QP: send CQ: %w", err)
 	}
 	if err := rcq.use(); err != nil {
 		scq.unuse()
-		p.refs.release()
+		p.refs.Release()
 		d.nQP.Add(-1)
 		return nil, fmt.Errorf("soft: create QP: receive CQ: %w", err)
 	}
@@ -322,8 +322,8 @@ func (q *QP) ToReset() error {
 	q.state.Store(int32(verbs.QPStateReset))
 	q.timer.Stop()
 	q.discardLocked(false)
-	q.sq.reset(q.sqPolled.Load())
-	q.rq.reset(q.rqPolled.Load())
+	q.sq.reset(q.polled.SQ.Load())
+	q.rq.reset(q.polled.RQ.Load())
 	return nil
 }
 
@@ -374,7 +374,7 @@ func (q *QP) Close() error {
 	q.dev.removeQP(q)
 	q.sendCQ.unuse()
 	q.recvCQ.unuse()
-	q.pd.refs.release()
+	q.pd.refs.Release()
 	q.dev.nQP.Add(-1)
 	q.dev.fab.live.qps.Add(-1)
 	return nil

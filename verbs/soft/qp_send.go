@@ -65,7 +65,7 @@ func (q *QP) postSendLocked(w *verbs.SendWR) error {
 	if len(w.SGL) > q.caps.MaxSendSGE {
 		return errSendSGEs
 	}
-	if q.sq.posted-q.sqPolled.Load() >= uint64(q.caps.MaxSendWR) {
+	if q.sq.posted-q.polled.SQ.Load() >= uint64(q.caps.MaxSendWR) {
 		return errSendQueueFull
 	}
 	e := wqe{

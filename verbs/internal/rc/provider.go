@@ -1,0 +1,30 @@
+package rc
+
+import (
+	"fmt"
+
+	"github.com/rsockio/rsock/verbs"
+)
+
+// Provider names the provider the core serves in the errors the core returns, so that
+// they carry the provider's layer ("soft: poll CQ: ...") as its own errors do. One value
+// serves every object of the provider.
+type Provider struct {
+	name string
+
+	// The errors Poll returns, made once so that a failing Poll allocates nothing.
+	errPollClosed   error
+	errPollOverflow error
+}
+
+// NewProvider returns the Provider named name ("soft", "shm").
+func NewProvider(name string) *Provider {
+	return &Provider{
+		name:            name,
+		errPollClosed:   fmt.Errorf("%s: poll CQ: %w", name, verbs.ErrClosed),
+		errPollOverflow: fmt.Errorf("%s: poll CQ: %w", name, verbs.ErrCQOverflow),
+	}
+}
+
+// Name returns the provider's name.
+func (p *Provider) Name() string { return p.name }
