@@ -8,6 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/internal/rc"
 )
 
 // MR is a registered memory region. It implements [verbs.MR].
@@ -33,13 +34,8 @@ type MR struct {
 // requires, remote write access needs local write access too.
 func (p *PD) RegMR(length int, access verbs.AccessFlags) (verbs.MR, error) {
 	d := p.ctx.dev
-	switch {
-	case length < 0 || uint64(length) > maxRegionSize:
-		return nil, fmt.Errorf("shm: register MR of %d bytes (device max %d): %w", length, uint64(maxRegionSize), verbs.ErrInvalidArgument)
-	case access&^validAccess != 0:
-		return nil, fmt.Errorf("shm: register MR: unknown access flags %#x: %w", uint32(access&^validAccess), verbs.ErrInvalidArgument)
-	case access&verbs.AccessRemoteWrite != 0 && access&verbs.AccessLocalWrite == 0:
-		return nil, fmt.Errorf("shm: register MR: remote write access requires local write access: %w", verbs.ErrInvalidArgument)
+	if err := rc.CheckRegMR(provider, length, maxRegionSize, access); err != nil {
+		return nil, err
 	}
 	if err := d.p.injectedFailure(allocMR); err != nil {
 		return nil, fmt.Errorf("shm: register MR: %w", err)
@@ -189,14 +185,15 @@ func (d *device) lookupMRLocked(key uint32) *MR {
 	return d.mrs[key]
 }
 
-// slice returns the bytes [addr, addr+n) of m, or false if they are not all inside m.
-func (m *MR) slice(addr uint64, n uint32) ([]byte, bool) {
-	if addr < m.addr {
-		return nil, false
+// LookupRegion returns the RC core's view of the live region whose key is key, or false
+// ([rc.Keys]). The caller holds d.mrMu for reading.
+func (d *device) LookupRegion(key uint32) (rc.Region, bool) {
+	m := d.mrs[key]
+	if m == nil {
+		return rc.Region{}, false
 	}
-	off := addr - m.addr
-	if off > uint64(len(m.buf)) || uint64(n) > uint64(len(m.buf))-off {
-		return nil, false
-	}
-	return m.buf[off : off+uint64(n) : off+uint64(n)], true
+	return rc.Region{PD: m.pd, Buf: m.buf, Addr: m.addr, Access: m.access}, true
 }
+
+// slice returns the bytes [addr, addr+n) of m, or false if they are not all inside m.
+func (m *MR) slice(addr uint64, n uint32) ([]byte, bool) { return rc.Slice(m.buf, m.addr, addr, n) }

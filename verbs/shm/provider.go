@@ -29,11 +29,10 @@ const (
 	maxInline     = 256
 	compVectors   = 1
 
-	qpnMask    = 1<<24 - 1
-	maxMessage = 1 << 31 // the largest RC message
+	qpnMask = 1<<24 - 1
 )
 
-const validAccess = verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.AccessRemoteRead
+const validAccess = rc.ValidAccess
 
 // Options configure a [Provider]. The zero value gives one device that accepts peers of
 // the same user only.

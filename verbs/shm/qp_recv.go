@@ -1,6 +1,9 @@
 package shm
 
-import "github.com/rsockio/rsock/verbs"
+import (
+	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/internal/rc"
+)
 
 // PostRecv posts receive requests. Receives may be posted from INIT on; in ERROR they are
 // flushed at once.
@@ -149,49 +152,18 @@ func errResponse(st verbs.WCStatus) msg {
 // must allow it, and the key must name a region of this QP's PD that allows it and holds
 // every byte. A zero-length access checks neither key nor address.
 func (q *QP) remoteOKLocked(m *msg, need verbs.AccessFlags) bool {
-	if q.rq.access&need == 0 {
-		return false
-	}
-	if m.length == 0 {
-		return true
-	}
-	r := q.dev.lookupMRLocked(m.rkey)
-	if r == nil || r.pd != q.pd || r.access&need == 0 {
-		return false
-	}
-	_, ok := r.slice(m.addr, m.length)
+	_, ok := rc.CheckRemote(q.dev, q.pd, q.rq.access, need, m.rkey, m.addr, m.length)
 	return ok
 }
 
 // resolveRecvLocked checks that receive WQE w can take n bytes and resolves its buffers
 // into q.rq.vec.
 func (q *QP) resolveRecvLocked(w *rwqe, n uint32) verbs.WCStatus {
-	var capacity uint64
-	for _, s := range w.sgl {
-		capacity += uint64(s.Length)
+	vec, st := rc.ResolveRecv(q.dev, q.pd, w.sgl, n, q.rq.vec[:0])
+	if st == verbs.WCSuccess {
+		q.rq.vec = vec
 	}
-	if uint64(n) > capacity {
-		return verbs.WCLocLenErr
-	}
-	vec := q.rq.vec[:0]
-	for _, s := range w.sgl {
-		if n == 0 {
-			break
-		}
-		l := min(n, s.Length)
-		m := q.dev.lookupMRLocked(s.LKey)
-		if m == nil || m.pd != q.pd || m.access&verbs.AccessLocalWrite == 0 {
-			return verbs.WCLocProtErr
-		}
-		b, ok := m.slice(s.Addr, l)
-		if !ok {
-			return verbs.WCLocProtErr
-		}
-		vec = append(vec, b)
-		n -= l
-	}
-	q.rq.vec = vec
-	return verbs.WCSuccess
+	return st
 }
 
 // responderFailLocked handles a fatal responder error: receive WQE w, if not nil,

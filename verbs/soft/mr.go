@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 
 	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/internal/rc"
 )
 
 // MR is a registered memory region. It implements [verbs.MR].
@@ -24,19 +25,14 @@ type MR struct {
 	closed atomic.Bool
 }
 
-const validAccess = verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.AccessRemoteRead
+const validAccess = rc.ValidAccess
 
 // RegMR allocates and registers length bytes. As ibv_reg_mr(3) requires, remote write
 // access needs local write access too.
 func (p *PD) RegMR(length int, access verbs.AccessFlags) (verbs.MR, error) {
 	d := p.ctx.dev
-	switch {
-	case length < 0 || uint64(length) > d.attr.MaxMRSize:
-		return nil, fmt.Errorf("soft: register MR of %d bytes (device max %d): %w", length, d.attr.MaxMRSize, verbs.ErrInvalidArgument)
-	case access&^validAccess != 0:
-		return nil, fmt.Errorf("soft: register MR: unknown access flags %#x: %w", uint32(access&^validAccess), verbs.ErrInvalidArgument)
-	case access&verbs.AccessRemoteWrite != 0 && access&verbs.AccessLocalWrite == 0:
-		return nil, fmt.Errorf("soft: register MR: remote write access requires local write access: %w", verbs.ErrInvalidArgument)
+	if err := rc.CheckRegMR(provider, length, d.attr.MaxMRSize, access); err != nil {
+		return nil, err
 	}
 	if err := d.fab.injectedFailure(AllocMR); err != nil {
 		return nil, fmt.Errorf("soft: register MR: %w", err)
@@ -91,16 +87,7 @@ func (m *MR) Close() error {
 }
 
 // slice returns the bytes [addr, addr+n) of m, or false if they are not all inside m.
-func (m *MR) slice(addr uint64, n uint32) ([]byte, bool) {
-	if addr < m.addr {
-		return nil, false
-	}
-	off := addr - m.addr
-	if off > uint64(len(m.buf)) || uint64(n) > uint64(len(m.buf))-off {
-		return nil, false
-	}
-	return m.buf[off : off+uint64(n) : off+uint64(n)], true
-}
+func (m *MR) slice(addr uint64, n uint32) ([]byte, bool) { return rc.Slice(m.buf, m.addr, addr, n) }
 
 // The key table maps a key to its region without locks or allocation: a key is a table
 // index (high 24 bits) and a generation (low 8 bits) that changes each time the index is
@@ -176,6 +163,16 @@ func (t *mrTable) lookup(key uint32) *MR {
 		return nil
 	}
 	return m
+}
+
+// LookupRegion returns the RC core's view of the live region whose key is key, or false
+// ([rc.Keys]).
+func (t *mrTable) LookupRegion(key uint32) (rc.Region, bool) {
+	m := t.lookup(key)
+	if m == nil {
+		return rc.Region{}, false
+	}
+	return rc.Region{PD: m.pd, Buf: m.buf, Addr: m.addr, Access: m.access}, true
 }
 
 // byAddr returns a live region holding [addr, addr+n). It scans the table: only inline

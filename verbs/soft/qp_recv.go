@@ -1,6 +1,9 @@
 package soft
 
-import "github.com/rsockio/rsock/verbs"
+import (
+	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/internal/rc"
+)
 
 // PostRecv posts receive requests. Receives may be posted from INIT on; in ERROR they are
 // flushed at once.
@@ -143,49 +146,18 @@ func (q *QP) respondLocked(r *QP, e *wqe) (status verbs.WCStatus, rnr bool) {
 // PD that allows it and holds all n bytes. As the InfiniBand specification has it, a
 // zero-length access checks neither key nor address.
 func (q *QP) remoteLocked(e *wqe, n uint32, need verbs.AccessFlags) ([]byte, bool) {
-	if q.rq.access&need == 0 {
-		return nil, false
-	}
-	if n == 0 {
-		return nil, true
-	}
-	m := q.dev.mrs.lookup(e.rkey)
-	if m == nil || m.pd != q.pd || m.access&need == 0 {
-		return nil, false
-	}
-	return m.slice(e.raddr, n)
+	return rc.CheckRemote(&q.dev.mrs, q.pd, q.rq.access, need, e.rkey, e.raddr, n)
 }
 
 // resolveRecvLocked checks that receive WQE w can take n bytes and resolves the buffers
 // the message fills into q.rq.vec. A message longer than the WQE's buffers is a local
 // length error; a buffer that is not writable memory of this QP's PD a protection error.
 func (q *QP) resolveRecvLocked(w *rwqe, n uint32) verbs.WCStatus {
-	var capacity uint64
-	for _, s := range w.sgl {
-		capacity += uint64(s.Length)
+	vec, st := rc.ResolveRecv(&q.dev.mrs, q.pd, w.sgl, n, q.rq.vec[:0])
+	if st == verbs.WCSuccess {
+		q.rq.vec = vec
 	}
-	if uint64(n) > capacity {
-		return verbs.WCLocLenErr
-	}
-	vec := q.rq.vec[:0]
-	for _, s := range w.sgl {
-		if n == 0 {
-			break
-		}
-		l := min(n, s.Length)
-		m := q.dev.mrs.lookup(s.LKey)
-		if m == nil || m.pd != q.pd || m.access&verbs.AccessLocalWrite == 0 {
-			return verbs.WCLocProtErr
-		}
-		b, ok := m.slice(s.Addr, l)
-		if !ok {
-			return verbs.WCLocProtErr
-		}
-		vec = append(vec, b)
-		n -= l
-	}
-	q.rq.vec = vec
-	return verbs.WCSuccess
+	return st
 }
 
 // responderFailLocked handles a fatal responder error: receive WQE w, if not nil, completes

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/internal/rc"
 )
 
 // Errors of PostSend and PostRecv, made once so that a rejected post allocates only its
@@ -370,24 +371,12 @@ func (q *QP) resolveLocalLocked(e *wqe) verbs.WCStatus {
 		e.length = uint32(len(e.inline))
 		return verbs.WCSuccess
 	}
-	var total uint64
-	for _, s := range e.sgl {
-		total += uint64(s.Length)
-		m := q.dev.mrs.lookup(s.LKey)
-		if m == nil || m.pd != q.pd || (e.op == verbs.OpRDMARead && m.access&verbs.AccessLocalWrite == 0) {
-			return verbs.WCLocProtErr
-		}
-		b, ok := m.slice(s.Addr, s.Length)
-		if !ok {
-			return verbs.WCLocProtErr
-		}
-		vec = append(vec, b)
-	}
-	if total > maxMessage {
-		return verbs.WCLocLenErr
+	vec, n, st := rc.ResolveLocal(&q.dev.mrs, q.pd, e.sgl, e.op == verbs.OpRDMARead, vec)
+	if st != verbs.WCSuccess {
+		return st
 	}
 	q.sq.vec = vec
-	e.length = uint32(total)
+	e.length = n
 	return verbs.WCSuccess
 }
 
