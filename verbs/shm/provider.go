@@ -34,6 +34,16 @@ const (
 
 const validAccess = rc.ValidAccess
 
+// limits are the device's capacities that the RC core's checks hold requests to.
+var limits = rc.Limits{
+	MaxQPWR:   maxQPWR,
+	MaxSGE:    maxSGE,
+	MaxInline: maxInline,
+	MaxCQE:    maxCQE,
+	MaxMTU:    verbs.MTU4096,
+	Vectors:   compVectors,
+}
+
 // Options configure a [Provider]. The zero value gives one device that accepts peers of
 // the same user only.
 type Options struct {
@@ -301,11 +311,8 @@ func (c *Context) CreateCompChannel() (verbs.CompChannel, error) {
 
 // CreateCQ creates a CQ that holds exactly cqe completions.
 func (c *Context) CreateCQ(cqe int, ch verbs.CompChannel, vector int) (verbs.CQ, error) {
-	if cqe < 1 || cqe > maxCQE {
-		return nil, fmt.Errorf("shm: create CQ of %d entries (device max %d): %w", cqe, maxCQE, verbs.ErrInvalidArgument)
-	}
-	if vector < 0 || vector >= compVectors {
-		return nil, fmt.Errorf("shm: create CQ on completion vector %d of %d: %w", vector, compVectors, verbs.ErrInvalidArgument)
+	if err := provider.CheckCreateCQ(&limits, cqe, vector); err != nil {
+		return nil, err
 	}
 	var sch *CompChannel
 	if ch != nil {

@@ -138,13 +138,8 @@ func (p *PD) CreateQP(attr verbs.QPInitAttr) (verbs.QP, error) {
 		return nil, fmt.Errorf("shm: create QP: send and receive CQs must come from the PD's context: %w", verbs.ErrInvalidArgument)
 	}
 	c := attr.Caps
-	switch {
-	case c.MaxSendWR < 1 || c.MaxSendWR > maxQPWR || c.MaxRecvWR < 0 || c.MaxRecvWR > maxQPWR:
-		return nil, fmt.Errorf("shm: create QP with %d send and %d receive WRs (device max %d): %w", c.MaxSendWR, c.MaxRecvWR, maxQPWR, verbs.ErrInvalidArgument)
-	case c.MaxSendSGE < 0 || c.MaxSendSGE > maxSGE || c.MaxRecvSGE < 0 || c.MaxRecvSGE > maxSGE:
-		return nil, fmt.Errorf("shm: create QP with %d send and %d receive SGEs (device max %d): %w", c.MaxSendSGE, c.MaxRecvSGE, maxSGE, verbs.ErrInvalidArgument)
-	case c.MaxInlineData < 0 || c.MaxInlineData > maxInline:
-		return nil, fmt.Errorf("shm: create QP with %d bytes inline (device max %d): %w", c.MaxInlineData, maxInline, verbs.ErrInvalidArgument)
+	if err := provider.CheckQPCaps(&limits, c); err != nil {
+		return nil, err
 	}
 	if err := d.p.injectedFailure(allocQP); err != nil {
 		return nil, fmt.Errorf("shm: create QP: %w", err)
@@ -239,24 +234,13 @@ func (q *QP) lock()   { q.sq.mu.Lock(); q.rq.mu.Lock() }
 func (q *QP) unlock() { q.rq.mu.Unlock(); q.sq.mu.Unlock() }
 
 func (q *QP) transition(op string, from, to verbs.QPState) error {
-	if q.closed.Load() {
-		return fmt.Errorf("shm: QP %#x: %s: %w", q.qpn, op, verbs.ErrClosed)
-	}
-	if !q.state.CompareAndSwap(int32(from), int32(to)) {
-		return fmt.Errorf("shm: QP %#x: %s from %v: %w", q.qpn, op, q.State(), verbs.ErrInvalidState)
-	}
-	return nil
+	return provider.Transition(q.qpn, &q.state, q.closed.Load(), op, from, to)
 }
 
 // ToInit moves the QP from RESET to INIT. Port must be 1 and PKeyIndex 0.
 func (q *QP) ToInit(attr verbs.InitAttr) error {
-	switch {
-	case attr.Port != 1:
-		return fmt.Errorf("shm: QP %#x: to INIT: no port %d: %w", q.qpn, attr.Port, verbs.ErrInvalidArgument)
-	case attr.PKeyIndex != 0:
-		return fmt.Errorf("shm: QP %#x: to INIT: no P_Key index %d: %w", q.qpn, attr.PKeyIndex, verbs.ErrInvalidArgument)
-	case attr.Access&^validAccess != 0:
-		return fmt.Errorf("shm: QP %#x: to INIT: unknown access flags %#x: %w", q.qpn, uint32(attr.Access), verbs.ErrInvalidArgument)
+	if err := provider.CheckInit(q.qpn, &attr); err != nil {
+		return err
 	}
 	q.lock()
 	defer q.unlock()
@@ -271,17 +255,8 @@ func (q *QP) ToInit(attr verbs.InitAttr) error {
 // whose GID is attr.Dest.DestGID, in this process or another. Neither needs to exist yet:
 // requests to a destination that does not exist or is not connected back are lost.
 func (q *QP) ToRTR(attr verbs.RTRAttr) error {
-	switch {
-	case attr.PathMTU.Bytes() == 0:
-		return fmt.Errorf("shm: QP %#x: to RTR: path MTU %d: %w", q.qpn, int(attr.PathMTU), verbs.ErrInvalidArgument)
-	case attr.DestQPN > qpnMask || attr.RQPSN > qpnMask:
-		return fmt.Errorf("shm: QP %#x: to RTR: QPN %#x or PSN %#x over 24 bits: %w", q.qpn, attr.DestQPN, attr.RQPSN, verbs.ErrInvalidArgument)
-	case !attr.Dest.IsGlobal:
-		return fmt.Errorf("shm: QP %#x: to RTR: a global route (IsGlobal) is needed: %w", q.qpn, verbs.ErrInvalidArgument)
-	case attr.Dest.Port != 1:
-		return fmt.Errorf("shm: QP %#x: to RTR: no port %d: %w", q.qpn, attr.Dest.Port, verbs.ErrInvalidArgument)
-	case attr.MinRNRTimer > 31:
-		return fmt.Errorf("shm: QP %#x: to RTR: RNR timer %d: %w", q.qpn, attr.MinRNRTimer, verbs.ErrInvalidArgument)
+	if err := provider.CheckRTR(&limits, q.qpn, &attr); err != nil {
+		return err
 	}
 	gids := q.dev.attr.Ports[0].GIDs
 	if int(attr.Dest.SGIDIndex) >= len(gids) {
@@ -300,11 +275,8 @@ func (q *QP) ToRTR(attr verbs.RTRAttr) error {
 
 // ToRTS moves the QP from RTR to RTS.
 func (q *QP) ToRTS(attr verbs.RTSAttr) error {
-	switch {
-	case attr.SQPSN > qpnMask:
-		return fmt.Errorf("shm: QP %#x: to RTS: PSN %#x over 24 bits: %w", q.qpn, attr.SQPSN, verbs.ErrInvalidArgument)
-	case attr.Timeout > 31 || attr.RetryCount > 7 || attr.RNRRetry > 7:
-		return fmt.Errorf("shm: QP %#x: to RTS: timeout %d, retry count %d, RNR retry %d: %w", q.qpn, attr.Timeout, attr.RetryCount, attr.RNRRetry, verbs.ErrInvalidArgument)
+	if err := provider.CheckRTS(q.qpn, &attr); err != nil {
+		return err
 	}
 	q.lock()
 	defer q.unlock()

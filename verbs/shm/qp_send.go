@@ -1,26 +1,15 @@
 package shm
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/rsockio/rsock/verbs"
 	"github.com/rsockio/rsock/verbs/internal/rc"
 )
 
-var (
-	errPostClosed     = fmt.Errorf("shm: post: %w", verbs.ErrClosed)
-	errPostSendState  = fmt.Errorf("shm: post send: QP not in RTS: %w", verbs.ErrInvalidState)
-	errPostRecvState  = fmt.Errorf("shm: post receive: QP in RESET: %w", verbs.ErrInvalidState)
-	errSendQueueFull  = fmt.Errorf("shm: post send: max_send_wr outstanding: %w", verbs.ErrQueueFull)
-	errRecvQueueFull  = fmt.Errorf("shm: post receive: max_recv_wr outstanding: %w", verbs.ErrQueueFull)
-	errOpcode         = fmt.Errorf("shm: post send: unknown opcode: %w", verbs.ErrInvalidArgument)
-	errSendSGEs       = fmt.Errorf("shm: post send: more SGEs than max_send_sge: %w", verbs.ErrInvalidArgument)
-	errRecvSGEs       = fmt.Errorf("shm: post receive: more SGEs than max_recv_sge: %w", verbs.ErrInvalidArgument)
-	errInlineOpcode   = fmt.Errorf("shm: post send: inline data with RDMA READ: %w", verbs.ErrInvalidArgument)
-	errInlineTooLarge = fmt.Errorf("shm: post send: inline data over max_inline_data: %w", verbs.ErrInvalidArgument)
-	errInlineMemory   = fmt.Errorf("shm: post send: inline data outside registered memory: %w", verbs.ErrInvalidArgument)
-)
+// postErrs are the errors of PostSend and PostRecv, made once so that a rejected post
+// allocates only its *verbs.PostError.
+var postErrs = provider.PostErrors()
 
 // Opcodes as the wire carries them (verbs.Opcode values).
 const (
@@ -55,21 +44,9 @@ func (q *QP) PostSend(wrs []verbs.SendWR) error {
 }
 
 func (q *QP) postSendLocked(w *verbs.SendWR) error {
-	if q.closed.Load() {
-		return errPostClosed
-	}
 	st := q.State()
-	if st != verbs.QPStateRTS && st != verbs.QPStateError {
-		return errPostSendState
-	}
-	if w.Opcode < verbs.OpRDMAWrite || w.Opcode > verbs.OpRDMARead {
-		return errOpcode
-	}
-	if len(w.SGL) > q.caps.MaxSendSGE {
-		return errSendSGEs
-	}
-	if q.sq.posted-q.polled.SQ.Load() >= uint64(q.caps.MaxSendWR) {
-		return errSendQueueFull
+	if err := postErrs.CheckPostSend(st, q.closed.Load(), &q.caps, q.sq.posted-q.polled.SQ.Load(), w); err != nil {
+		return err
 	}
 	e := wqe{
 		id: w.ID, op: w.Opcode, flags: w.Flags, imm: w.Imm, raddr: w.RemoteAddr, rkey: w.RKey, sgl: w.SGL,
@@ -93,19 +70,10 @@ func (q *QP) postSendLocked(w *verbs.SendWR) error {
 	return nil
 }
 
-// copyInlineLocked copies an inline WR's payload at post time. As with verbs/soft, the
+// copyInlineLocked copies an inline WR's payload, which CheckPostSend has checked, at
+// post time. As with verbs/soft, the
 // bytes must lie in memory registered on this device.
 func (q *QP) copyInlineLocked(e *wqe) error {
-	if e.op == verbs.OpRDMARead {
-		return errInlineOpcode
-	}
-	var n uint64
-	for _, s := range e.sgl {
-		n += uint64(s.Length)
-	}
-	if n > uint64(q.caps.MaxInlineData) {
-		return errInlineTooLarge
-	}
 	buf := q.sq.scratch[:0]
 	q.dev.mrMu.RLock()
 	defer q.dev.mrMu.RUnlock()
@@ -123,7 +91,7 @@ func (q *QP) copyInlineLocked(e *wqe) error {
 			}
 		}
 		if !ok {
-			return errInlineMemory
+			return postErrs.InlineMemory
 		}
 		buf = append(buf, b...)
 	}

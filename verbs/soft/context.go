@@ -52,11 +52,9 @@ func (c *Context) CreateCompChannel() (verbs.CompChannel, error) {
 // CreateCQ creates a CQ that holds exactly cqe completions. ch may be nil; otherwise it must
 // be a channel of this context. vector must be below DeviceAttr.NumCompVectors.
 func (c *Context) CreateCQ(cqe int, ch verbs.CompChannel, vector int) (verbs.CQ, error) {
-	if cqe < 1 || cqe > c.dev.attr.MaxCQE {
-		return nil, fmt.Errorf("soft: create CQ of %d entries (device max %d): %w", cqe, c.dev.attr.MaxCQE, verbs.ErrInvalidArgument)
-	}
-	if vector < 0 || vector >= compVectors {
-		return nil, fmt.Errorf("soft: create CQ on completion vector %d of %d: %w", vector, compVectors, verbs.ErrInvalidArgument)
+	l := c.dev.limits()
+	if err := provider.CheckCreateCQ(&l, cqe, vector); err != nil {
+		return nil, err
 	}
 	var sch *CompChannel
 	if ch != nil {
@@ -84,6 +82,18 @@ func (c *Context) CreateCQ(cqe int, ch verbs.CompChannel, vector int) (verbs.CQ,
 	}
 	c.dev.fab.live.cqs.Add(1)
 	return newCQ(c, cqe, sch), nil
+}
+
+// limits returns the device's capacities that the RC core's checks hold requests to.
+func (d *device) limits() rc.Limits {
+	return rc.Limits{
+		MaxQPWR:   d.attr.MaxQPWR,
+		MaxSGE:    d.attr.MaxSGE,
+		MaxInline: d.attr.MaxInline,
+		MaxCQE:    d.attr.MaxCQE,
+		MaxMTU:    d.attr.Ports[0].MaxMTU,
+		Vectors:   compVectors,
+	}
 }
 
 // Close closes the context. PDs, CQs and channels created from it must be closed first.

@@ -25,8 +25,6 @@ type MR struct {
 	closed atomic.Bool
 }
 
-const validAccess = rc.ValidAccess
-
 // RegMR allocates and registers length bytes. As ibv_reg_mr(3) requires, remote write
 // access needs local write access too.
 func (p *PD) RegMR(length int, access verbs.AccessFlags) (verbs.MR, error) {

@@ -136,13 +136,9 @@ func (p *PD) CreateQP(attr verbs.QPInitAttr) (verbs.QP, error) {
 		return nil, fmt.Errorf("soft: create QP: send and receive CQs must come from the PD's context: %w", verbs.ErrInvalidArgument)
 	}
 	c := attr.Caps
-	switch {
-	case c.MaxSendWR < 1 || c.MaxSendWR > d.attr.MaxQPWR || c.MaxRecvWR < 0 || c.MaxRecvWR > d.attr.MaxQPWR:
-		return nil, fmt.Errorf("soft: create QP with %d send and %d receive WRs (device max %d): %w", c.MaxSendWR, c.MaxRecvWR, d.attr.MaxQPWR, verbs.ErrInvalidArgument)
-	case c.MaxSendSGE < 0 || c.MaxSendSGE > d.attr.MaxSGE || c.MaxRecvSGE < 0 || c.MaxRecvSGE > d.attr.MaxSGE:
-		return nil, fmt.Errorf("soft: create QP with %d send and %d receive SGEs (device max %d): %w", c.MaxSendSGE, c.MaxRecvSGE, d.attr.MaxSGE, verbs.ErrInvalidArgument)
-	case c.MaxInlineData < 0 || c.MaxInlineData > d.attr.MaxInline:
-		return nil, fmt.Errorf("soft: create QP with %d bytes inline (device max %d): %w", c.MaxInlineData, d.attr.MaxInline, verbs.ErrInvalidArgument)
+	l := d.limits()
+	if err := provider.CheckQPCaps(&l, c); err != nil {
+		return nil, err
 	}
 	if err := d.fab.injectedFailure(AllocQP); err != nil {
 		return nil, fmt.Errorf("soft: create QP: %w", err)
@@ -208,25 +204,14 @@ func (q *QP) unlock() { q.rq.mu.Unlock(); q.sq.mu.Unlock() }
 
 // transition moves the QP from state from to state to, holding both queue locks.
 func (q *QP) transition(op string, from, to verbs.QPState) error {
-	if q.closed.Load() {
-		return fmt.Errorf("soft: QP %#x: %s: %w", q.qpn, op, verbs.ErrClosed)
-	}
-	if !q.state.CompareAndSwap(int32(from), int32(to)) {
-		return fmt.Errorf("soft: QP %#x: %s from %v: %w", q.qpn, op, q.State(), verbs.ErrInvalidState)
-	}
-	return nil
+	return provider.Transition(q.qpn, &q.state, q.closed.Load(), op, from, to)
 }
 
 // ToInit moves the QP from RESET to INIT. Port must be 1 and PKeyIndex 0: soft devices
 // have one port with one partition key.
 func (q *QP) ToInit(attr verbs.InitAttr) error {
-	switch {
-	case attr.Port != 1:
-		return fmt.Errorf("soft: QP %#x: to INIT: no port %d: %w", q.qpn, attr.Port, verbs.ErrInvalidArgument)
-	case attr.PKeyIndex != 0:
-		return fmt.Errorf("soft: QP %#x: to INIT: no P_Key index %d: %w", q.qpn, attr.PKeyIndex, verbs.ErrInvalidArgument)
-	case attr.Access&^validAccess != 0:
-		return fmt.Errorf("soft: QP %#x: to INIT: unknown access flags %#x: %w", q.qpn, uint32(attr.Access), verbs.ErrInvalidArgument)
+	if err := provider.CheckInit(q.qpn, &attr); err != nil {
+		return err
 	}
 	q.lock()
 	defer q.unlock()
@@ -243,17 +228,9 @@ func (q *QP) ToInit(attr verbs.InitAttr) error {
 // PSNs, are lost as on a dead link.
 func (q *QP) ToRTR(attr verbs.RTRAttr) error {
 	ports := q.dev.attr.Ports
-	switch {
-	case attr.PathMTU.Bytes() == 0 || attr.PathMTU > ports[0].MaxMTU:
-		return fmt.Errorf("soft: QP %#x: to RTR: path MTU %d: %w", q.qpn, int(attr.PathMTU), verbs.ErrInvalidArgument)
-	case attr.DestQPN > psnMask || attr.RQPSN > psnMask:
-		return fmt.Errorf("soft: QP %#x: to RTR: QPN %#x or PSN %#x over 24 bits: %w", q.qpn, attr.DestQPN, attr.RQPSN, verbs.ErrInvalidArgument)
-	case !attr.Dest.IsGlobal:
-		return fmt.Errorf("soft: QP %#x: to RTR: RoCE needs a global route (IsGlobal): %w", q.qpn, verbs.ErrInvalidArgument)
-	case attr.Dest.Port != 1:
-		return fmt.Errorf("soft: QP %#x: to RTR: no port %d: %w", q.qpn, attr.Dest.Port, verbs.ErrInvalidArgument)
-	case attr.MinRNRTimer > 31:
-		return fmt.Errorf("soft: QP %#x: to RTR: RNR timer %d: %w", q.qpn, attr.MinRNRTimer, verbs.ErrInvalidArgument)
+	l := q.dev.limits()
+	if err := provider.CheckRTR(&l, q.qpn, &attr); err != nil {
+		return err
 	}
 	sgid, ok := gidAt(ports[0], attr.Dest.SGIDIndex)
 	if !ok { // the kernel fails to find the source GID's attributes
@@ -277,11 +254,8 @@ func (q *QP) ToRTR(attr verbs.RTRAttr) error {
 // 2^Timeout, scaled by Options.TimeScale; 0 waits forever), RetryCount the retransmissions
 // of a lost request, RNRRetry the retries after an RNR NAK (7 retries forever).
 func (q *QP) ToRTS(attr verbs.RTSAttr) error {
-	switch {
-	case attr.SQPSN > psnMask:
-		return fmt.Errorf("soft: QP %#x: to RTS: PSN %#x over 24 bits: %w", q.qpn, attr.SQPSN, verbs.ErrInvalidArgument)
-	case attr.Timeout > 31 || attr.RetryCount > 7 || attr.RNRRetry > 7:
-		return fmt.Errorf("soft: QP %#x: to RTS: timeout %d, retry count %d, RNR retry %d: %w", q.qpn, attr.Timeout, attr.RetryCount, attr.RNRRetry, verbs.ErrInvalidArgument)
+	if err := provider.CheckRTS(q.qpn, &attr); err != nil {
+		return err
 	}
 	q.lock()
 	defer q.unlock()

@@ -21,18 +21,9 @@ func (q *QP) PostRecv(wrs []verbs.RecvWR) error {
 }
 
 func (q *QP) postRecvLocked(w *verbs.RecvWR) error {
-	if q.closed.Load() {
-		return errPostClosed
-	}
 	st := q.State()
-	if st == verbs.QPStateReset {
-		return errPostRecvState
-	}
-	if len(w.SGL) > q.caps.MaxRecvSGE {
-		return errRecvSGEs
-	}
-	if q.rq.posted-q.polled.RQ.Load() >= uint64(q.caps.MaxRecvWR) {
-		return errRecvQueueFull
+	if err := postErrs.CheckPostRecv(st, q.closed.Load(), &q.caps, q.rq.posted-q.polled.RQ.Load(), w); err != nil {
+		return err
 	}
 	q.rq.posted++
 	i := q.rq.head + q.rq.n

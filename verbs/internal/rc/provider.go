@@ -15,6 +15,8 @@ type Provider struct {
 	// The errors Poll returns, made once so that a failing Poll allocates nothing.
 	errPollClosed   error
 	errPollOverflow error
+
+	post PostErrors
 }
 
 // NewProvider returns the Provider named name ("soft", "shm").
@@ -23,8 +25,13 @@ func NewProvider(name string) *Provider {
 		name:            name,
 		errPollClosed:   fmt.Errorf("%s: poll CQ: %w", name, verbs.ErrClosed),
 		errPollOverflow: fmt.Errorf("%s: poll CQ: %w", name, verbs.ErrCQOverflow),
+		post:            newPostErrors(name),
 	}
 }
 
 // Name returns the provider's name.
 func (p *Provider) Name() string { return p.name }
+
+// PostErrors returns the errors the provider's PostSend and PostRecv reject a work
+// request with.
+func (p *Provider) PostErrors() *PostErrors { return &p.post }
