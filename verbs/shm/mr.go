@@ -22,11 +22,9 @@ type MR struct {
 	pd     *PD
 	dev    *device
 	fd     int
-	mem    []byte // the whole mapping, whole pages
-	buf    []byte // mem[:length]
-	addr   uint64
+	mem    []byte    // the whole mapping, whole pages
+	reg    rc.Region // mem[:length], its address here and access rights, as the RC core checks them
 	key    uint32
-	access verbs.AccessFlags
 	closed atomic.Bool
 }
 
@@ -53,8 +51,12 @@ func (p *PD) RegMR(length int, access verbs.AccessFlags) (verbs.MR, error) {
 		d.nMR.Add(-1)
 		return nil, fmt.Errorf("shm: register MR of %d bytes: %w: %w", length, verbs.ErrNoResources, err)
 	}
-	m := &MR{pd: p, dev: d, fd: fd, mem: mem, buf: mem[:length:length], access: access}
-	m.addr = uint64(uintptr(unsafe.Pointer(unsafe.SliceData(mem))))
+	m := &MR{pd: p, dev: d, fd: fd, mem: mem, reg: rc.Region{
+		PD:     &p.refs,
+		Buf:    mem[:length:length],
+		Addr:   uint64(uintptr(unsafe.Pointer(unsafe.SliceData(mem)))),
+		Access: access,
+	}}
 	d.mrMu.Lock()
 	d.nextKey++
 	m.key = d.nextKey // never reused: a stale key names nothing
@@ -129,7 +131,7 @@ func mapPeerRegion(fd int, size uint64) (mem []byte, writable bool, err error) {
 // remote write, a read-only reopening when it grants remote read only, so that the peer
 // cannot map it writable. The caller closes it. The caller holds m.dev.mrMu for reading.
 func (m *MR) shareFD() (int, error) {
-	if m.access&verbs.AccessRemoteWrite != 0 {
+	if m.reg.Access&verbs.AccessRemoteWrite != 0 {
 		fd, err := unix.FcntlInt(uintptr(m.fd), unix.F_DUPFD_CLOEXEC, 0)
 		if err != nil {
 			return -1, fmt.Errorf("shm: duplicate region descriptor: %w", err)
@@ -144,10 +146,10 @@ func (m *MR) shareFD() (int, error) {
 }
 
 // Bytes returns the region's memory.
-func (m *MR) Bytes() []byte { return m.buf }
+func (m *MR) Bytes() []byte { return m.reg.Buf }
 
 // Addr returns the address of Bytes()[0].
-func (m *MR) Addr() uint64 { return m.addr }
+func (m *MR) Addr() uint64 { return m.reg.Addr }
 
 // LKey returns the local key; shm regions use one key as both local and remote key.
 func (m *MR) LKey() uint32 { return m.key }
@@ -156,7 +158,7 @@ func (m *MR) LKey() uint32 { return m.key }
 func (m *MR) RKey() uint32 { return m.key }
 
 // Access returns the access rights the region was registered with.
-func (m *MR) Access() verbs.AccessFlags { return m.access }
+func (m *MR) Access() verbs.AccessFlags { return m.reg.Access }
 
 // Close deregisters the region and unmaps it here. A peer that mapped it keeps its own
 // mapping of the pages, which no longer belong to anything here, and its requests naming
@@ -185,15 +187,14 @@ func (d *device) lookupMRLocked(key uint32) *MR {
 	return d.mrs[key]
 }
 
-// LookupRegion returns the RC core's view of the live region whose key is key, or false
+// LookupRegion returns the RC core of the live region whose key is key, or nil
 // ([rc.Keys]). The caller holds d.mrMu for reading.
-func (d *device) LookupRegion(key uint32) (rc.Region, bool) {
-	m := d.mrs[key]
-	if m == nil {
-		return rc.Region{}, false
+func (d *device) LookupRegion(key uint32) *rc.Region {
+	if m := d.mrs[key]; m != nil {
+		return &m.reg
 	}
-	return rc.Region{PD: m.pd, Buf: m.buf, Addr: m.addr, Access: m.access}, true
+	return nil
 }
 
 // slice returns the bytes [addr, addr+n) of m, or false if they are not all inside m.
-func (m *MR) slice(addr uint64, n uint32) ([]byte, bool) { return rc.Slice(m.buf, m.addr, addr, n) }
+func (m *MR) slice(addr uint64, n uint32) ([]byte, bool) { return m.reg.Slice(addr, n) }

@@ -357,7 +357,7 @@ func (c *Context) Close() error {
 // this PD can map every region of the PD that grants a remote access.
 type PD struct {
 	ctx  *Context
-	refs rc.Refs
+	refs rc.PD // MRs and QPs; the RC core names the PD by its address
 }
 
 // Close deallocates the protection domain. Its MRs and QPs must be closed first.

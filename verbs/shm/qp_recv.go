@@ -143,14 +143,14 @@ func errResponse(st verbs.WCStatus) msg {
 // must allow it, and the key must name a region of this QP's PD that allows it and holds
 // every byte. A zero-length access checks neither key nor address.
 func (q *QP) remoteOKLocked(m *msg, need verbs.AccessFlags) bool {
-	_, ok := rc.CheckRemote(q.dev, q.pd, q.rq.access, need, m.rkey, m.addr, m.length)
+	_, ok := rc.CheckRemote(q.dev, &q.pd.refs, q.rq.access, need, m.rkey, m.addr, m.length)
 	return ok
 }
 
 // resolveRecvLocked checks that receive WQE w can take n bytes and resolves its buffers
 // into q.rq.vec.
 func (q *QP) resolveRecvLocked(w *rwqe, n uint32) verbs.WCStatus {
-	vec, st := rc.ResolveRecv(q.dev, q.pd, w.sgl, n, q.rq.vec[:0])
+	vec, st := rc.ResolveRecv(q.dev, &q.pd.refs, w.sgl, n, q.rq.vec[:0])
 	if st == verbs.WCSuccess {
 		q.rq.vec = vec
 	}
@@ -182,7 +182,7 @@ func (q *QP) regionFor(src requester, rkey uint32) (msg, int) {
 	q.dev.mrMu.RLock()
 	defer q.dev.mrMu.RUnlock()
 	m := q.dev.lookupMRLocked(rkey)
-	if m == nil || m.pd != q.pd || m.access&(verbs.AccessRemoteWrite|verbs.AccessRemoteRead) == 0 {
+	if m == nil || m.pd != q.pd || m.reg.Access&(verbs.AccessRemoteWrite|verbs.AccessRemoteRead) == 0 {
 		return no, -1
 	}
 	fd, err := m.shareFD()
@@ -190,5 +190,5 @@ func (q *QP) regionFor(src requester, rkey uint32) (msg, int) {
 		return no, -1
 	}
 	// The requester copies into the region only what both the region and the QP allow.
-	return msg{kind: msgRegion, ok: true, rkey: rkey, access: uint32(m.access & (qpAccess | verbs.AccessLocalWrite)), addr: m.addr, size: uint64(len(m.buf))}, fd
+	return msg{kind: msgRegion, ok: true, rkey: rkey, access: uint32(m.reg.Access & (qpAccess | verbs.AccessLocalWrite)), addr: m.reg.Addr, size: uint64(len(m.reg.Buf))}, fd
 }

@@ -112,7 +112,7 @@ func (c *Context) Close() error {
 // protection error.
 type PD struct {
 	ctx  *Context
-	refs rc.Refs // MRs and QPs
+	refs rc.PD // MRs and QPs; the RC core names the PD by its address
 }
 
 // Close deallocates the protection domain. Its MRs and QPs must be closed first.

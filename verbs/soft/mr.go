@@ -18,10 +18,8 @@ import (
 type MR struct {
 	pd     *PD
 	dev    *device
-	buf    []byte
-	addr   uint64
+	reg    rc.Region // memory, address and access rights, as the RC core checks them
 	key    uint32
-	access verbs.AccessFlags
 	closed atomic.Bool
 }
 
@@ -45,11 +43,14 @@ func (p *PD) RegMR(length int, access verbs.AccessFlags) (verbs.MR, error) {
 	const page = 4096
 	span := (uint64(length)+page-1)/page*page + page // one unmapped guard page after each region
 	m := &MR{
-		pd:     p,
-		dev:    d,
-		buf:    make([]byte, length),
-		addr:   d.fab.nextAddr.Add(span) - span,
-		access: access,
+		pd:  p,
+		dev: d,
+		reg: rc.Region{
+			PD:     &p.refs,
+			Buf:    make([]byte, length),
+			Addr:   d.fab.nextAddr.Add(span) - span,
+			Access: access,
+		},
 	}
 	d.mrs.insert(m)
 	d.fab.live.mrs.Add(1)
@@ -57,10 +58,10 @@ func (p *PD) RegMR(length int, access verbs.AccessFlags) (verbs.MR, error) {
 }
 
 // Bytes returns the region's memory.
-func (m *MR) Bytes() []byte { return m.buf }
+func (m *MR) Bytes() []byte { return m.reg.Buf }
 
 // Addr returns the address of Bytes()[0] in the fabric's address space.
-func (m *MR) Addr() uint64 { return m.addr }
+func (m *MR) Addr() uint64 { return m.reg.Addr }
 
 // LKey returns the local key. Soft regions use one key as both local and remote key.
 func (m *MR) LKey() uint32 { return m.key }
@@ -69,7 +70,7 @@ func (m *MR) LKey() uint32 { return m.key }
 func (m *MR) RKey() uint32 { return m.key }
 
 // Access returns the access rights the region was registered with.
-func (m *MR) Access() verbs.AccessFlags { return m.access }
+func (m *MR) Access() verbs.AccessFlags { return m.reg.Access }
 
 // Close deregisters the region: from then on its keys name nothing. Work requests already
 // past their access checks finish their copy, as DMA already under way would.
@@ -85,7 +86,7 @@ func (m *MR) Close() error {
 }
 
 // slice returns the bytes [addr, addr+n) of m, or false if they are not all inside m.
-func (m *MR) slice(addr uint64, n uint32) ([]byte, bool) { return rc.Slice(m.buf, m.addr, addr, n) }
+func (m *MR) slice(addr uint64, n uint32) ([]byte, bool) { return m.reg.Slice(addr, n) }
 
 // The key table maps a key to its region without locks or allocation: a key is a table
 // index (high 24 bits) and a generation (low 8 bits) that changes each time the index is
@@ -163,14 +164,13 @@ func (t *mrTable) lookup(key uint32) *MR {
 	return m
 }
 
-// LookupRegion returns the RC core's view of the live region whose key is key, or false
+// LookupRegion returns the RC core of the live region whose key is key, or nil
 // ([rc.Keys]).
-func (t *mrTable) LookupRegion(key uint32) (rc.Region, bool) {
-	m := t.lookup(key)
-	if m == nil {
-		return rc.Region{}, false
+func (t *mrTable) LookupRegion(key uint32) *rc.Region {
+	if m := t.lookup(key); m != nil {
+		return &m.reg
 	}
-	return rc.Region{PD: m.pd, Buf: m.buf, Addr: m.addr, Access: m.access}, true
+	return nil
 }
 
 // byAddr returns a live region holding [addr, addr+n). It scans the table: only inline

@@ -137,14 +137,14 @@ func (q *QP) respondLocked(r *QP, e *wqe) (status verbs.WCStatus, rnr bool) {
 // PD that allows it and holds all n bytes. As the InfiniBand specification has it, a
 // zero-length access checks neither key nor address.
 func (q *QP) remoteLocked(e *wqe, n uint32, need verbs.AccessFlags) ([]byte, bool) {
-	return rc.CheckRemote(&q.dev.mrs, q.pd, q.rq.access, need, e.rkey, e.raddr, n)
+	return rc.CheckRemote(&q.dev.mrs, &q.pd.refs, q.rq.access, need, e.rkey, e.raddr, n)
 }
 
 // resolveRecvLocked checks that receive WQE w can take n bytes and resolves the buffers
 // the message fills into q.rq.vec. A message longer than the WQE's buffers is a local
 // length error; a buffer that is not writable memory of this QP's PD a protection error.
 func (q *QP) resolveRecvLocked(w *rwqe, n uint32) verbs.WCStatus {
-	vec, st := rc.ResolveRecv(&q.dev.mrs, q.pd, w.sgl, n, q.rq.vec[:0])
+	vec, st := rc.ResolveRecv(&q.dev.mrs, &q.pd.refs, w.sgl, n, q.rq.vec[:0])
 	if st == verbs.WCSuccess {
 		q.rq.vec = vec
 	}

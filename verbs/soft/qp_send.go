@@ -337,7 +337,7 @@ func (q *QP) resolveLocalLocked(e *wqe) verbs.WCStatus {
 		e.length = uint32(len(e.inline))
 		return verbs.WCSuccess
 	}
-	vec, n, st := rc.ResolveLocal(&q.dev.mrs, q.pd, e.sgl, e.op == verbs.OpRDMARead, vec)
+	vec, n, st := rc.ResolveLocal(&q.dev.mrs, &q.pd.refs, e.sgl, e.op == verbs.OpRDMARead, vec)
 	if st != verbs.WCSuccess {
 		return st
 	}

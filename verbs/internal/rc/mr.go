@@ -28,10 +28,10 @@ func CheckRegMR(p *Provider, length int, maxSize uint64, access verbs.AccessFlag
 	return nil
 }
 
-// Region is what the RC rules check of a registered memory region when a work request
-// names it: a view of the provider's region, made when a key is looked up.
+// Region is the core of a registered memory region: what the RC rules check of it when
+// a work request names it. A provider's MR holds one, immutable once registered.
 type Region struct {
-	PD     any    // the provider's PD the region belongs to, compared by identity
+	PD     *PD    // the PD the region belongs to
 	Buf    []byte // the region's memory
 	Addr   uint64 // the address of Buf[0] that work requests name
 	Access verbs.AccessFlags
@@ -57,8 +57,8 @@ func Slice(mem []byte, base, addr uint64, n uint32) ([]byte, bool) {
 // Keys finds a provider's live regions by key. A provider's region table implements it;
 // the caller holds whatever lock the provider's lookups need.
 type Keys interface {
-	// LookupRegion returns the live region whose local and remote key is key, or false.
-	LookupRegion(key uint32) (Region, bool)
+	// LookupRegion returns the live region whose local and remote key is key, or nil.
+	LookupRegion(key uint32) *Region
 }
 
 // ResolveLocal checks the local SGL of a work request and appends its buffers to vec:
@@ -66,12 +66,12 @@ type Keys interface {
 // (an RDMA READ, which writes its local buffers) the region must grant local write. It
 // returns the buffers, the message's length and WCSuccess, or WCLocProtErr, or
 // WCLocLenErr for a message over [MaxMessage].
-func ResolveLocal(keys Keys, pd any, sgl []verbs.SGE, needWrite bool, vec [][]byte) ([][]byte, uint32, verbs.WCStatus) {
+func ResolveLocal(keys Keys, pd *PD, sgl []verbs.SGE, needWrite bool, vec [][]byte) ([][]byte, uint32, verbs.WCStatus) {
 	var total uint64
 	for _, s := range sgl {
 		total += uint64(s.Length)
-		m, ok := keys.LookupRegion(s.LKey)
-		if !ok || m.PD != pd || (needWrite && m.Access&verbs.AccessLocalWrite == 0) {
+		m := keys.LookupRegion(s.LKey)
+		if m == nil || m.PD != pd || (needWrite && m.Access&verbs.AccessLocalWrite == 0) {
 			return vec, 0, verbs.WCLocProtErr
 		}
 		b, ok := m.Slice(s.Addr, s.Length)
@@ -90,7 +90,7 @@ func ResolveLocal(keys Keys, pd any, sgl []verbs.SGE, needWrite bool, vec [][]by
 // and appends the buffers the message fills to vec. A message longer than the buffers is
 // WCLocLenErr; a buffer that is not locally writable memory of pd is WCLocProtErr. SGEs
 // past the message's end are not checked, as a device does not touch them.
-func ResolveRecv(keys Keys, pd any, sgl []verbs.SGE, n uint32, vec [][]byte) ([][]byte, verbs.WCStatus) {
+func ResolveRecv(keys Keys, pd *PD, sgl []verbs.SGE, n uint32, vec [][]byte) ([][]byte, verbs.WCStatus) {
 	var capacity uint64
 	for _, s := range sgl {
 		capacity += uint64(s.Length)
@@ -103,8 +103,8 @@ func ResolveRecv(keys Keys, pd any, sgl []verbs.SGE, n uint32, vec [][]byte) ([]
 			break
 		}
 		l := min(n, s.Length)
-		m, ok := keys.LookupRegion(s.LKey)
-		if !ok || m.PD != pd || m.Access&verbs.AccessLocalWrite == 0 {
+		m := keys.LookupRegion(s.LKey)
+		if m == nil || m.PD != pd || m.Access&verbs.AccessLocalWrite == 0 {
 			return vec, verbs.WCLocProtErr
 		}
 		b, ok := m.Slice(s.Addr, l)
@@ -122,15 +122,15 @@ func ResolveRecv(keys Keys, pd any, sgl []verbs.SGE, n uint32, vec [][]byte) ([]
 // the access need, and rkey must name a region of pd that grants it and holds all n
 // bytes. As the InfiniBand specification has it, a zero-length access checks neither key
 // nor address (and returns no bytes).
-func CheckRemote(keys Keys, pd any, qpAccess, need verbs.AccessFlags, rkey uint32, addr uint64, n uint32) ([]byte, bool) {
+func CheckRemote(keys Keys, pd *PD, qpAccess, need verbs.AccessFlags, rkey uint32, addr uint64, n uint32) ([]byte, bool) {
 	if qpAccess&need == 0 {
 		return nil, false
 	}
 	if n == 0 {
 		return nil, true
 	}
-	m, ok := keys.LookupRegion(rkey)
-	if !ok || m.PD != pd || m.Access&need == 0 {
+	m := keys.LookupRegion(rkey)
+	if m == nil || m.PD != pd || m.Access&need == 0 {
 		return nil, false
 	}
 	return m.Slice(addr, n)

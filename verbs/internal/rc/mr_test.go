@@ -68,21 +68,19 @@ func TestSlice(t *testing.T) {
 // testKeys is a region table: a key names the region at that index, key 0 none.
 type testKeys []Region
 
-func (k testKeys) LookupRegion(key uint32) (Region, bool) {
+func (k testKeys) LookupRegion(key uint32) *Region {
 	if key == 0 || int(key) >= len(k) {
-		return Region{}, false
+		return nil
 	}
-	return k[key], true
+	return &k[key]
 }
-
-type testPD struct{ name string }
 
 // regions returns a table of regions of 16 bytes each, at 0x1000, 0x2000, ...: keys 1
 // (local write) and 2 (read only) of pd, 3 (remote write and read) of pd, 4 of other.
-func regions(pd, other *testPD) testKeys {
+func regions(pd, other *PD) testKeys {
 	k := testKeys{{}}
 	for i, r := range []struct {
-		pd     *testPD
+		pd     *PD
 		access verbs.AccessFlags
 	}{
 		{pd, verbs.AccessLocalWrite},
@@ -96,7 +94,7 @@ func regions(pd, other *testPD) testKeys {
 }
 
 func TestResolveLocal(t *testing.T) {
-	pd, other := &testPD{"pd"}, &testPD{"other"}
+	pd, other := new(PD), new(PD)
 	keys := regions(pd, other)
 	tests := []struct {
 		name      string
@@ -131,7 +129,8 @@ func TestResolveLocalTooLong(t *testing.T) {
 	// One region of 2^27 bytes named by 16 SGEs makes a message of 2^31 bytes, the
 	// largest; a 17th makes it too long. The region's pages are never touched.
 	const size = 1 << 27
-	keys := testKeys{{}, {PD: "pd", Buf: make([]byte, size), Addr: 0x1000, Access: verbs.AccessLocalWrite}}
+	pd := new(PD)
+	keys := testKeys{{}, {PD: pd, Buf: make([]byte, size), Addr: 0x1000, Access: verbs.AccessLocalWrite}}
 	tests := []struct {
 		sges int
 		want verbs.WCStatus
@@ -144,13 +143,13 @@ func TestResolveLocalTooLong(t *testing.T) {
 		for i := range sgl {
 			sgl[i] = verbs.SGE{Addr: 0x1000, Length: size, LKey: 1}
 		}
-		_, _, st := ResolveLocal(keys, "pd", sgl, false, nil)
+		_, _, st := ResolveLocal(keys, pd, sgl, false, nil)
 		require.Equal(t, tt.want, st, "ResolveLocal of %d SGEs of %d bytes", tt.sges, size)
 	}
 }
 
 func TestResolveRecv(t *testing.T) {
-	pd, other := &testPD{"pd"}, &testPD{"other"}
+	pd, other := new(PD), new(PD)
 	keys := regions(pd, other)
 	sgl := func(s ...verbs.SGE) []verbs.SGE { return s }
 	tests := []struct {
@@ -187,7 +186,7 @@ func TestResolveRecv(t *testing.T) {
 }
 
 func TestCheckRemote(t *testing.T) {
-	pd, other := &testPD{"pd"}, &testPD{"other"}
+	pd, other := new(PD), new(PD)
 	keys := regions(pd, other)
 	const rw, rr = verbs.AccessRemoteWrite, verbs.AccessRemoteRead
 	tests := []struct {
@@ -218,7 +217,7 @@ func TestCheckRemote(t *testing.T) {
 }
 
 func TestResolveAllocs(t *testing.T) {
-	pd := &testPD{"pd"}
+	pd := new(PD)
 	keys := Keys(regions(pd, nil))
 	sgl := []verbs.SGE{{Addr: 0x1000, Length: 8, LKey: 1}, {Addr: 0x3000, Length: 8, LKey: 3}}
 	vec := make([][]byte, 0, 2)

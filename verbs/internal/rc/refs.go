@@ -16,6 +16,10 @@ type Refs struct {
 	n      int
 }
 
+// PD is the core of a protection domain: its MRs and QPs, counted. A region and a QP
+// belong to the same PD when they name the same PD core, by its address.
+type PD struct{ Refs }
+
 // Acquire records a new dependent object, or fails with [verbs.ErrClosed] if the object
 // is closed.
 func (r *Refs) Acquire() error {
