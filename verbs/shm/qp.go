@@ -90,12 +90,8 @@ type sendQueue struct {
 type recvQueue struct {
 	mu sync.Mutex
 
-	ring    []rwqe
-	head, n int
-	sges    []verbs.SGE
-	vec     [][]byte
-
-	posted uint64
+	wq  rc.RecvQueue // the receive WQEs posted, and the count of them
+	vec [][]byte
 
 	access verbs.AccessFlags
 	srcGID verbs.GID
@@ -122,11 +118,6 @@ type wqe struct {
 	forever   bool      // lost with ACK timeout 0: waits until flushed
 	rnrLeft   uint8
 	retryLeft uint8
-}
-
-type rwqe struct {
-	id  uint64
-	sgl []verbs.SGE
 }
 
 // CreateQP creates an RC QP in the RESET state with exactly the capacities asked for.
@@ -169,8 +160,7 @@ func (p *PD) CreateQP(attr verbs.QPInitAttr) (verbs.QP, error) {
 	q.sq.scratch = make([]byte, c.MaxInlineData)
 	q.sq.vec = make([][]byte, 0, max(c.MaxSendSGE, 1))
 	q.sq.out = make([]byte, 0, requestLen)
-	q.rq.ring = make([]rwqe, c.MaxRecvWR)
-	q.rq.sges = make([]verbs.SGE, c.MaxRecvWR*c.MaxRecvSGE)
+	q.rq.wq.Init(c.MaxRecvWR, c.MaxRecvSGE, nil)
 	q.rq.vec = make([][]byte, 0, max(c.MaxRecvSGE, 1))
 	ln, err := listenQP(q)
 	if err != nil {
@@ -320,7 +310,7 @@ func (q *QP) ToReset() error {
 	s.sgid, s.destGID, s.destQPN, s.av = verbs.GID{}, verbs.GID{}, 0, verbs.AddressVector{}
 	s.timeout, s.retry, s.rnrRetry, s.psn = 0, 0, 0, 0
 	r := &q.rq
-	r.posted = q.polled.RQ.Load()
+	r.wq.Reset(q.polled.RQ.Load())
 	r.access, r.srcGID, r.srcQPN, r.minRNR, r.epsn = 0, verbs.GID{}, 0, 0, 0
 	return nil
 }
@@ -329,9 +319,8 @@ func (q *QP) ToReset() error {
 // removes the QP's completions from its CQs. The caller holds both locks.
 func (q *QP) discardLocked() {
 	clear(q.sq.ring)
-	clear(q.rq.ring)
 	q.sq.head, q.sq.n, q.sq.inflight, q.sq.querying, q.sq.waiting = 0, 0, 0, false, false
-	q.rq.head, q.rq.n = 0, 0
+	q.rq.wq.Discard()
 	if q.sq.conn != nil {
 		q.sq.conn.close()
 		q.sq.conn = nil
@@ -403,9 +392,8 @@ func (q *QP) abandonLocked() {
 }
 
 func (q *QP) flushRecvLocked() {
-	for q.rq.n > 0 {
-		r := &q.rq.ring[q.rq.head]
-		q.recvCompleteLocked(r, &verbs.WorkCompletion{WRID: r.id, Status: verbs.WCWRFlushErr, Opcode: verbs.WCRecv, QPN: q.qpn}, false)
+	for q.rq.wq.Len() > 0 {
+		q.recvCompleteLocked(&verbs.WorkCompletion{WRID: q.rq.wq.Head().ID, Status: verbs.WCWRFlushErr, Opcode: verbs.WCRecv, QPN: q.qpn}, false)
 	}
 }
 

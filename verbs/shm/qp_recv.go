@@ -22,33 +22,19 @@ func (q *QP) PostRecv(wrs []verbs.RecvWR) error {
 
 func (q *QP) postRecvLocked(w *verbs.RecvWR) error {
 	st := q.State()
-	if err := postErrs.CheckPostRecv(st, q.closed.Load(), &q.caps, q.rq.posted-q.polled.RQ.Load(), w); err != nil {
+	if err := postErrs.CheckPostRecv(st, q.closed.Load(), &q.caps, q.rq.wq.InUse(q.polled.RQ.Load()), w); err != nil {
 		return err
 	}
-	q.rq.posted++
-	i := q.rq.head + q.rq.n
-	if i >= len(q.rq.ring) {
-		i -= len(q.rq.ring)
-	}
-	r := &q.rq.ring[i]
-	k := i * q.caps.MaxRecvSGE
-	r.id, r.sgl = w.ID, q.rq.sges[k:k+len(w.SGL):k+len(w.SGL)]
-	copy(r.sgl, w.SGL)
-	q.rq.n++
+	q.rq.wq.Post(w)
 	if st == verbs.QPStateError {
 		q.flushRecvLocked()
 	}
 	return nil
 }
 
-// recvCompleteLocked completes the receive WQE at the head of the queue, which is r.
-func (q *QP) recvCompleteLocked(r *rwqe, wc *verbs.WorkCompletion, solicited bool) {
-	*r = rwqe{}
-	q.rq.head++
-	if q.rq.head == len(q.rq.ring) {
-		q.rq.head = 0
-	}
-	q.rq.n--
+// recvCompleteLocked completes the receive WQE at the head of the queue with wc.
+func (q *QP) recvCompleteLocked(wc *verbs.WorkCompletion, solicited bool) {
+	q.rq.wq.Pop()
 	if !q.recvCQ.push(wc, q, 0, 1, solicited) {
 		q.fail()
 	}
@@ -93,10 +79,10 @@ func (q *QP) respond(src requester, m *msg) msg {
 	solicited := m.flags&reqSolicited != 0
 	switch m.op {
 	case opSend, opSendWithImm:
-		if q.rq.n == 0 {
+		if q.rq.wq.Len() == 0 {
 			return msg{kind: msgResponse, respKind: respRNR, rnrTimer: q.rq.minRNR}
 		}
-		w := &q.rq.ring[q.rq.head]
+		w := q.rq.wq.Head()
 		if st := q.resolveRecvLocked(w, n); st != verbs.WCSuccess {
 			q.responderFailLocked(w, st)
 			if st == verbs.WCLocLenErr {
@@ -105,14 +91,14 @@ func (q *QP) respond(src requester, m *msg) msg {
 			return errResponse(verbs.WCRemOpErr)
 		}
 		scatter(q.rq.vec, m.payload)
-		wc := verbs.WorkCompletion{WRID: w.id, Opcode: verbs.WCRecv, ByteLen: n, QPN: q.qpn, SrcQP: src.qpn}
+		wc := verbs.WorkCompletion{WRID: w.ID, Opcode: verbs.WCRecv, ByteLen: n, QPN: q.qpn, SrcQP: src.qpn}
 		if m.op == opSendWithImm {
 			wc.Imm, wc.Flags = m.imm, verbs.WCWithImm
 		}
-		q.recvCompleteLocked(w, &wc, solicited)
+		q.recvCompleteLocked(&wc, solicited)
 	case opWrite, opWriteWithImm:
 		imm := m.op == opWriteWithImm
-		if imm && q.rq.n == 0 {
+		if imm && q.rq.wq.Len() == 0 {
 			return msg{kind: msgResponse, respKind: respRNR, rnrTimer: q.rq.minRNR}
 		}
 		if !q.remoteOKLocked(m, verbs.AccessRemoteWrite) {
@@ -120,10 +106,10 @@ func (q *QP) respond(src requester, m *msg) msg {
 			return errResponse(verbs.WCRemAccessErr)
 		}
 		if imm {
-			w := &q.rq.ring[q.rq.head]
-			wc := verbs.WorkCompletion{WRID: w.id, Opcode: verbs.WCRecvRDMAWithImm, ByteLen: n, Imm: m.imm,
+			w := q.rq.wq.Head()
+			wc := verbs.WorkCompletion{WRID: w.ID, Opcode: verbs.WCRecvRDMAWithImm, ByteLen: n, Imm: m.imm,
 				QPN: q.qpn, SrcQP: src.qpn, Flags: verbs.WCWithImm}
-			q.recvCompleteLocked(w, &wc, solicited)
+			q.recvCompleteLocked(&wc, solicited)
 		}
 	case opRead:
 		if !q.remoteOKLocked(m, verbs.AccessRemoteRead) {
@@ -149,8 +135,8 @@ func (q *QP) remoteOKLocked(m *msg, need verbs.AccessFlags) bool {
 
 // resolveRecvLocked checks that receive WQE w can take n bytes and resolves its buffers
 // into q.rq.vec.
-func (q *QP) resolveRecvLocked(w *rwqe, n uint32) verbs.WCStatus {
-	vec, st := rc.ResolveRecv(q.dev, &q.pd.refs, w.sgl, n, q.rq.vec[:0])
+func (q *QP) resolveRecvLocked(w *rc.RecvWQE, n uint32) verbs.WCStatus {
+	vec, st := rc.ResolveRecv(q.dev, &q.pd.refs, w.SGL, n, q.rq.vec[:0])
 	if st == verbs.WCSuccess {
 		q.rq.vec = vec
 	}
@@ -159,10 +145,10 @@ func (q *QP) resolveRecvLocked(w *rwqe, n uint32) verbs.WCStatus {
 
 // responderFailLocked handles a fatal responder error: receive WQE w, if not nil,
 // completes with status, the QP moves to ERROR and its receive WQEs are flushed.
-func (q *QP) responderFailLocked(w *rwqe, status verbs.WCStatus) {
+func (q *QP) responderFailLocked(w *rc.RecvWQE, status verbs.WCStatus) {
 	q.fail()
 	if w != nil {
-		q.recvCompleteLocked(w, &verbs.WorkCompletion{WRID: w.id, Status: status, Opcode: verbs.WCRecv, QPN: q.qpn}, true)
+		q.recvCompleteLocked(&verbs.WorkCompletion{WRID: w.ID, Status: status, Opcode: verbs.WCRecv, QPN: q.qpn}, true)
 	}
 	q.flushRecvLocked()
 }

@@ -85,12 +85,8 @@ type sendQueue struct {
 type recvQueue struct {
 	mu sync.Mutex
 
-	ring    []rwqe
-	head, n int
-	sges    []verbs.SGE // caps.MaxRecvSGE per slot
-	vec     [][]byte    // resolved buffers of the receive WQE being filled
-
-	posted uint64
+	wq  rc.RecvQueue // the receive WQEs posted, and the count of them
+	vec [][]byte     // resolved buffers of the receive WQE being filled
 
 	// Connection, set by ToInit and ToRTR.
 	access verbs.AccessFlags
@@ -119,12 +115,6 @@ type wqe struct {
 	forever   bool      // lost with ACK timeout 0: waits until flushed
 	rnrLeft   uint8
 	retryLeft uint8
-}
-
-// rwqe is a receive work request.
-type rwqe struct {
-	id  uint64
-	sgl []verbs.SGE
 }
 
 // CreateQP creates an RC QP in the RESET state with exactly the capacities asked for.
@@ -163,14 +153,14 @@ func (p *PD) CreateQP(attr verbs.QPInitAttr) (verbs.QP, error) {
 	}
 	q := &QP{dev: d, pd: p, sendCQ: scq, recvCQ: rcq, caps: c, sigAll: attr.SignalAll}
 	q.sq.ring = make([]wqe, c.MaxSendWR)
-	q.rq.ring = make([]rwqe, c.MaxRecvWR)
 	// Storage of one type is made once and cut into capped parts, so that creating
 	// a QP allocates less: the SGLs of both queues, the local buffers of both queues'
 	// messages. The inline payloads of queued WRs get their storage when the first is
 	// queued (enqueueLocked): a WR posted to an idle queue runs at once, from scratch.
 	nsq, nrq := c.MaxSendWR*c.MaxSendSGE, c.MaxRecvWR*c.MaxRecvSGE
 	sges := make([]verbs.SGE, nsq+nrq)
-	q.sq.sges, q.rq.sges = sges[:nsq:nsq], sges[nsq:]
+	q.sq.sges = sges[:nsq:nsq]
+	q.rq.wq.Init(c.MaxRecvWR, c.MaxRecvSGE, sges[nsq:])
 	if c.MaxInlineData <= len(q.scratchBuf) {
 		q.sq.scratch = q.scratchBuf[:c.MaxInlineData:c.MaxInlineData]
 	} else {
@@ -311,7 +301,7 @@ func (s *sendQueue) reset(polled uint64) {
 }
 
 func (r *recvQueue) reset(polled uint64) {
-	r.posted = polled
+	r.wq.Reset(polled)
 	r.access, r.srcDev, r.srcQPN, r.mtu, r.epsn, r.minRNR, r.srcGID = 0, nil, 0, 0, 0, 0, verbs.GID{}
 }
 
@@ -321,9 +311,8 @@ func (r *recvQueue) reset(polled uint64) {
 // matter to anyone. The caller holds both locks.
 func (q *QP) discardLocked(destroying bool) {
 	clear(q.sq.ring)
-	clear(q.rq.ring)
 	q.sq.head, q.sq.n = 0, 0
-	q.rq.head, q.rq.n = 0, 0
+	q.rq.wq.Discard()
 	if destroying && q.dev.fab.teardown.leaveCompletions.Load() {
 		return
 	}
@@ -380,9 +369,8 @@ func (q *QP) flushSendLocked() {
 
 // flushRecvLocked completes every receive WR with WR_FLUSH_ERR. The caller holds rq.mu.
 func (q *QP) flushRecvLocked() {
-	for q.rq.n > 0 {
-		r := &q.rq.ring[q.rq.head]
-		q.recvCompleteLocked(r, &verbs.WorkCompletion{WRID: r.id, Status: verbs.WCWRFlushErr, Opcode: verbs.WCRecv, QPN: q.qpn}, false)
+	for q.rq.wq.Len() > 0 {
+		q.recvCompleteLocked(&verbs.WorkCompletion{WRID: q.rq.wq.Head().ID, Status: verbs.WCWRFlushErr, Opcode: verbs.WCRecv, QPN: q.qpn}, false)
 	}
 }
 
