@@ -282,13 +282,9 @@ func (q *QP) ToRTS(attr verbs.RTSAttr) error {
 func (q *QP) ToError() error {
 	q.lock()
 	defer q.unlock()
-	if q.closed.Load() {
-		return fmt.Errorf("shm: QP %#x: to ERROR: %w", q.qpn, verbs.ErrClosed)
+	if err := provider.ToError(q.qpn, &q.state, q.closed.Load()); err != nil {
+		return err
 	}
-	if st := q.State(); st == verbs.QPStateReset {
-		return fmt.Errorf("shm: QP %#x: to ERROR from %v: %w", q.qpn, st, verbs.ErrInvalidState)
-	}
-	q.state.Store(int32(verbs.QPStateError))
 	q.flushSendLocked()
 	q.flushRecvLocked()
 	return nil
@@ -358,16 +354,9 @@ func (q *QP) Close() error {
 // fail moves the QP to ERROR as a fatal error does and has its timer flush both queues.
 // It takes no lock.
 func (q *QP) fail() {
-	for {
-		s := q.state.Load()
-		if s == int32(verbs.QPStateError) || q.closed.Load() {
-			return
-		}
-		if q.state.CompareAndSwap(s, int32(verbs.QPStateError)) {
-			break
-		}
+	if rc.Fail(&q.state, &q.closed) {
+		q.timer.Reset(0)
 	}
-	q.timer.Reset(0)
 }
 
 func (q *QP) flushSendLocked() {
@@ -422,23 +411,3 @@ func (q *QP) Query() (verbs.QPAttr, error) {
 }
 
 var _ verbs.QPQuerier = (*QP)(nil)
-
-// rnrTimerMicros is the RNR NAK timer encoding of ibv_modify_qp(3), in µs.
-var rnrTimerMicros = [32]int64{
-	655360, 10, 20, 30, 40, 60, 80, 120,
-	160, 240, 320, 480, 640, 960, 1280, 1920,
-	2560, 3840, 5120, 7680, 10240, 15360, 20480, 30720,
-	40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520,
-}
-
-func rnrDelay(enc uint8) time.Duration {
-	return time.Duration(rnrTimerMicros[enc&31]) * time.Microsecond
-}
-
-// ackTimeout is 4.096 µs × 2^enc, or 0 (wait forever) for enc 0.
-func ackTimeout(enc uint8) time.Duration {
-	if enc == 0 {
-		return 0
-	}
-	return time.Duration(4096<<(enc&31)) * time.Nanosecond
-}

@@ -146,7 +146,7 @@ func (q *QP) runSQ() {
 	if q.sq.n > 0 && q.State() == verbs.QPStateRTS {
 		e := &q.sq.ring[q.sq.head]
 		if q.sq.busy() {
-			if d := time.Until(q.sq.deadline); d > 0 || ackTimeout(q.sq.timeout) == 0 { // fired for an earlier wait
+			if d := time.Until(q.sq.deadline); d > 0 || rc.ACKTimeout(q.sq.timeout) == 0 { // fired for an earlier wait
 				if d > 0 {
 					q.timer.Reset(d)
 				}
@@ -291,7 +291,7 @@ func (q *QP) kickLocked() {
 // armLocked arms the ACK timeout of the first request or region query of an empty
 // pipeline: if no answer comes before it, the requests in flight are lost.
 func (q *QP) armLocked() {
-	if d := ackTimeout(q.sq.timeout); d > 0 {
+	if d := rc.ACKTimeout(q.sq.timeout); d > 0 {
 		q.sq.deadline = time.Now().Add(d)
 		q.timer.Reset(d)
 	}
@@ -384,7 +384,7 @@ func (q *QP) resolveLocalLocked(e *wqe) verbs.WCStatus {
 // once rather than hang.
 func (q *QP) lostLocked(e *wqe, dead bool) {
 	e.queried = false
-	d := ackTimeout(q.sq.timeout)
+	d := rc.ACKTimeout(q.sq.timeout)
 	if d == 0 {
 		if dead {
 			q.completeLocked(e, verbs.WCRetryExcErr)
@@ -454,7 +454,7 @@ func (q *QP) onResponse(c *peerConn, m *msg) {
 	if m.respKind != respAck {
 		q.abandonLocked() // the responder drops those behind the head, out of sequence
 	} else if q.sq.inflight > 0 {
-		if d := ackTimeout(q.sq.timeout); d > 0 {
+		if d := rc.ACKTimeout(q.sq.timeout); d > 0 {
 			q.sq.deadline = time.Now().Add(d)
 		}
 	}
@@ -475,7 +475,7 @@ func (q *QP) onResponse(c *peerConn, m *msg) {
 			e.rnrLeft--
 		}
 		q.sq.waiting = true
-		q.timer.Reset(rnrDelay(m.rnrTimer))
+		q.timer.Reset(rc.RNRDelay(m.rnrTimer))
 	case respDrop:
 		c.forgetRegions() // the responder may have been reset and connected anew
 		q.lostLocked(e, false)

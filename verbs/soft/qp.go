@@ -263,13 +263,9 @@ func (q *QP) ToRTS(attr verbs.RTSAttr) error {
 func (q *QP) ToError() error {
 	q.lock()
 	defer q.unlock()
-	if q.closed.Load() {
-		return fmt.Errorf("soft: QP %#x: to ERROR: %w", q.qpn, verbs.ErrClosed)
+	if err := provider.ToError(q.qpn, &q.state, q.closed.Load()); err != nil {
+		return err
 	}
-	if st := q.State(); st == verbs.QPStateReset {
-		return fmt.Errorf("soft: QP %#x: to ERROR from %v: %w", q.qpn, st, verbs.ErrInvalidState)
-	}
-	q.state.Store(int32(verbs.QPStateError))
 	q.flushSendLocked()
 	q.flushRecvLocked()
 	return nil
@@ -346,16 +342,9 @@ func (q *QP) Close() error {
 // fail moves the QP to ERROR as a fatal asynchronous error does, and has its timer flush
 // both queues soon. It takes no lock, so it may be called holding any of them.
 func (q *QP) fail() {
-	for {
-		s := q.state.Load()
-		if s == int32(verbs.QPStateError) || q.closed.Load() {
-			return
-		}
-		if q.state.CompareAndSwap(s, int32(verbs.QPStateError)) {
-			break
-		}
+	if rc.Fail(&q.state, &q.closed) {
+		q.timer.Reset(0)
 	}
-	q.timer.Reset(0)
 }
 
 // flushSendLocked completes every WR of the send queue with WR_FLUSH_ERR, signaled or not,

@@ -179,3 +179,33 @@ func (e *PostErrors) CheckPostRecv(st verbs.QPState, closed bool, c *verbs.QPCap
 	}
 	return nil
 }
+
+// ToError checks and makes QP qpn's move to ERROR (ibv_modify_qp to IBV_QPS_ERR): from
+// any state but RESET, which fails with [verbs.ErrInvalidState] and changes nothing, as
+// the InfiniBand specification has no such transition and the kernel refuses it. The
+// caller holds the QP's queue locks and then flushes both queues.
+func (p *Provider) ToError(qpn uint32, state *atomic.Int32, closed bool) error {
+	if closed {
+		return fmt.Errorf("%s: QP %#x: to ERROR: %w", p.name, qpn, verbs.ErrClosed)
+	}
+	if st := verbs.QPState(state.Load()); st == verbs.QPStateReset {
+		return fmt.Errorf("%s: QP %#x: to ERROR from %v: %w", p.name, qpn, st, verbs.ErrInvalidState)
+	}
+	state.Store(int32(verbs.QPStateError))
+	return nil
+}
+
+// Fail moves a QP whose state is state to ERROR, as a fatal asynchronous error does,
+// unless it is closed or in ERROR already, and reports whether it moved it; the caller
+// then has its queues flushed. It takes no lock, so it may be called holding any.
+func Fail(state *atomic.Int32, closed *atomic.Bool) bool {
+	for {
+		s := state.Load()
+		if s == int32(verbs.QPStateError) || closed.Load() {
+			return false
+		}
+		if state.CompareAndSwap(s, int32(verbs.QPStateError)) {
+			return true
+		}
+	}
+}

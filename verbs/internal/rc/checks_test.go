@@ -177,3 +177,42 @@ func TestCheckPost(t *testing.T) {
 	})
 	require.Zero(t, allocs, "allocations of a rejected post's check")
 }
+
+func TestToErrorAndFail(t *testing.T) {
+	tests := []struct {
+		state      verbs.QPState
+		closed     bool
+		wantErr    error // of ToError
+		wantFailed bool  // Fail moved it
+	}{
+		{verbs.QPStateReset, false, verbs.ErrInvalidState, true},
+		{verbs.QPStateInit, false, nil, true},
+		{verbs.QPStateRTS, false, nil, true},
+		{verbs.QPStateError, false, nil, false},
+		{verbs.QPStateRTS, true, verbs.ErrClosed, false},
+	}
+	for _, tt := range tests {
+		var st atomic.Int32
+		var closed atomic.Bool
+		closed.Store(tt.closed)
+
+		st.Store(int32(tt.state))
+		err := testProvider.ToError(3, &st, tt.closed)
+		want := verbs.QPStateError
+		if tt.wantErr != nil {
+			require.ErrorIs(t, err, tt.wantErr, "ToError from %v, closed %v", tt.state, tt.closed)
+			want = tt.state
+		} else {
+			require.NoError(t, err, "ToError from %v", tt.state)
+		}
+		require.Equal(t, want, verbs.QPState(st.Load()), "state after ToError from %v, closed %v", tt.state, tt.closed)
+
+		st.Store(int32(tt.state))
+		require.Equal(t, tt.wantFailed, Fail(&st, &closed), "Fail from %v, closed %v", tt.state, tt.closed)
+		want = verbs.QPStateError
+		if tt.closed {
+			want = tt.state
+		}
+		require.Equal(t, want, verbs.QPState(st.Load()), "state after Fail from %v, closed %v", tt.state, tt.closed)
+	}
+}
