@@ -32,7 +32,7 @@ type MR struct {
 // requires, remote write access needs local write access too.
 func (p *PD) RegMR(length int, access verbs.AccessFlags) (verbs.MR, error) {
 	d := p.ctx.dev
-	if err := rc.CheckRegMR(provider, length, maxRegionSize, access); err != nil {
+	if err := provider.CheckRegMR(length, maxRegionSize, access); err != nil {
 		return nil, err
 	}
 	if err := d.p.injectedFailure(allocMR); err != nil {

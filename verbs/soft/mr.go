@@ -27,7 +27,7 @@ type MR struct {
 // access needs local write access too.
 func (p *PD) RegMR(length int, access verbs.AccessFlags) (verbs.MR, error) {
 	d := p.ctx.dev
-	if err := rc.CheckRegMR(provider, length, d.attr.MaxMRSize, access); err != nil {
+	if err := provider.CheckRegMR(length, d.attr.MaxMRSize, access); err != nil {
 		return nil, err
 	}
 	if err := d.fab.injectedFailure(AllocMR); err != nil {

@@ -13,10 +13,10 @@ const ValidAccess = verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.Acc
 // length error.
 const MaxMessage = 1 << 31
 
-// CheckRegMR checks the arguments of ibv_reg_mr for provider p, whose regions hold at
-// most maxSize bytes. As ibv_reg_mr(3) requires, remote write access needs local write
+// CheckRegMR checks the arguments of ibv_reg_mr for a device whose regions hold at most
+// maxSize bytes. As ibv_reg_mr(3) requires, remote write access needs local write
 // access too. The error wraps [verbs.ErrInvalidArgument].
-func CheckRegMR(p *Provider, length int, maxSize uint64, access verbs.AccessFlags) error {
+func (p *Provider) CheckRegMR(length int, maxSize uint64, access verbs.AccessFlags) error {
 	switch {
 	case length < 0 || uint64(length) > maxSize:
 		return fmt.Errorf("%s: register MR of %d bytes (device max %d): %w", p.name, length, maxSize, verbs.ErrInvalidArgument)

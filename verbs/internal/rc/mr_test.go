@@ -25,7 +25,7 @@ func TestCheckRegMR(t *testing.T) {
 		{101, lw, false}, // over the maximum
 	}
 	for _, tt := range tests {
-		err := CheckRegMR(testProvider, tt.length, 100, tt.access)
+		err := testProvider.CheckRegMR(tt.length, 100, tt.access)
 		if tt.ok {
 			require.NoError(t, err, "CheckRegMR(%d, %#x)", tt.length, tt.access)
 			continue
