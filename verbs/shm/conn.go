@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/internal/rc"
 )
 
 // Connections: a requester QP dials the abstract Unix socket (SOCK_SEQPACKET) of its
@@ -59,14 +60,10 @@ type peerRegion struct {
 // slice returns the bytes [addr, addr+n) of the region, or false if they are not all
 // inside it.
 func (r *peerRegion) slice(addr uint64, n uint32) ([]byte, bool) {
-	if r == nil || addr < r.addr {
+	if r == nil {
 		return nil, false
 	}
-	off := addr - r.addr
-	if off > uint64(len(r.mem)) || uint64(n) > uint64(len(r.mem))-off {
-		return nil, false
-	}
-	return r.mem[off : off+uint64(n) : off+uint64(n)], true
+	return rc.Slice(r.mem, r.addr, addr, n)
 }
 
 // dialPeer connects q to its destination QP and says hello, passing a new channel. The

@@ -258,7 +258,7 @@ func (w *pollWatch) active() bool {
 	n := w.cq.polls.Load()
 	was := w.seen
 	w.seen = n
-	return n != was && !w.cq.armedHint.Load() && w.cq.feederList() != nil
+	return n != was && !w.cq.core.Armed() && w.cq.feederList() != nil
 }
 
 // spinArmed watches the producer cursor prod of a ring for up to armedSpin, yielding

@@ -8,6 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/internal/rc"
 )
 
 // MR is a registered memory region. It implements [verbs.MR].
@@ -21,11 +22,9 @@ type MR struct {
 	pd     *PD
 	dev    *device
 	fd     int
-	mem    []byte // the whole mapping, whole pages
-	buf    []byte // mem[:length]
-	addr   uint64
+	mem    []byte    // the whole mapping, whole pages
+	reg    rc.Region // mem[:length], its address here and access rights, as the RC core checks them
 	key    uint32
-	access verbs.AccessFlags
 	closed atomic.Bool
 }
 
@@ -33,13 +32,8 @@ type MR struct {
 // requires, remote write access needs local write access too.
 func (p *PD) RegMR(length int, access verbs.AccessFlags) (verbs.MR, error) {
 	d := p.ctx.dev
-	switch {
-	case length < 0 || uint64(length) > maxRegionSize:
-		return nil, fmt.Errorf("shm: register MR of %d bytes (device max %d): %w", length, uint64(maxRegionSize), verbs.ErrInvalidArgument)
-	case access&^validAccess != 0:
-		return nil, fmt.Errorf("shm: register MR: unknown access flags %#x: %w", uint32(access&^validAccess), verbs.ErrInvalidArgument)
-	case access&verbs.AccessRemoteWrite != 0 && access&verbs.AccessLocalWrite == 0:
-		return nil, fmt.Errorf("shm: register MR: remote write access requires local write access: %w", verbs.ErrInvalidArgument)
+	if err := provider.CheckRegMR(length, maxRegionSize, access); err != nil {
+		return nil, err
 	}
 	if err := d.p.injectedFailure(allocMR); err != nil {
 		return nil, fmt.Errorf("shm: register MR: %w", err)
@@ -47,18 +41,22 @@ func (p *PD) RegMR(length int, access verbs.AccessFlags) (verbs.MR, error) {
 	if !reserve(&d.nMR, maxMR) {
 		return nil, fmt.Errorf("shm: register MR: device limit of %d MRs: %w", maxMR, verbs.ErrNoResources)
 	}
-	if err := p.refs.acquire(); err != nil {
+	if err := p.refs.Acquire(); err != nil {
 		d.nMR.Add(-1)
 		return nil, fmt.Errorf("shm: register MR: %w", err)
 	}
 	fd, mem, err := newSharedMemory(length)
 	if err != nil {
-		p.refs.release()
+		p.refs.Release()
 		d.nMR.Add(-1)
 		return nil, fmt.Errorf("shm: register MR of %d bytes: %w: %w", length, verbs.ErrNoResources, err)
 	}
-	m := &MR{pd: p, dev: d, fd: fd, mem: mem, buf: mem[:length:length], access: access}
-	m.addr = uint64(uintptr(unsafe.Pointer(unsafe.SliceData(mem))))
+	m := &MR{pd: p, dev: d, fd: fd, mem: mem, reg: rc.Region{
+		PD:     &p.refs,
+		Buf:    mem[:length:length],
+		Addr:   uint64(uintptr(unsafe.Pointer(unsafe.SliceData(mem)))),
+		Access: access,
+	}}
 	d.mrMu.Lock()
 	d.nextKey++
 	m.key = d.nextKey // never reused: a stale key names nothing
@@ -133,7 +131,7 @@ func mapPeerRegion(fd int, size uint64) (mem []byte, writable bool, err error) {
 // remote write, a read-only reopening when it grants remote read only, so that the peer
 // cannot map it writable. The caller closes it. The caller holds m.dev.mrMu for reading.
 func (m *MR) shareFD() (int, error) {
-	if m.access&verbs.AccessRemoteWrite != 0 {
+	if m.reg.Access&verbs.AccessRemoteWrite != 0 {
 		fd, err := unix.FcntlInt(uintptr(m.fd), unix.F_DUPFD_CLOEXEC, 0)
 		if err != nil {
 			return -1, fmt.Errorf("shm: duplicate region descriptor: %w", err)
@@ -148,10 +146,10 @@ func (m *MR) shareFD() (int, error) {
 }
 
 // Bytes returns the region's memory.
-func (m *MR) Bytes() []byte { return m.buf }
+func (m *MR) Bytes() []byte { return m.reg.Buf }
 
 // Addr returns the address of Bytes()[0].
-func (m *MR) Addr() uint64 { return m.addr }
+func (m *MR) Addr() uint64 { return m.reg.Addr }
 
 // LKey returns the local key; shm regions use one key as both local and remote key.
 func (m *MR) LKey() uint32 { return m.key }
@@ -160,7 +158,7 @@ func (m *MR) LKey() uint32 { return m.key }
 func (m *MR) RKey() uint32 { return m.key }
 
 // Access returns the access rights the region was registered with.
-func (m *MR) Access() verbs.AccessFlags { return m.access }
+func (m *MR) Access() verbs.AccessFlags { return m.reg.Access }
 
 // Close deregisters the region and unmaps it here. A peer that mapped it keeps its own
 // mapping of the pages, which no longer belong to anything here, and its requests naming
@@ -179,7 +177,7 @@ func (m *MR) Close() error {
 	unix.Close(m.fd)
 	m.dev.mrMu.Unlock()
 	m.dev.nMR.Add(-1)
-	m.pd.refs.release()
+	m.pd.refs.Release()
 	return nil
 }
 
@@ -189,14 +187,14 @@ func (d *device) lookupMRLocked(key uint32) *MR {
 	return d.mrs[key]
 }
 
-// slice returns the bytes [addr, addr+n) of m, or false if they are not all inside m.
-func (m *MR) slice(addr uint64, n uint32) ([]byte, bool) {
-	if addr < m.addr {
-		return nil, false
+// LookupRegion returns the RC core of the live region whose key is key, or nil
+// ([rc.Keys]). The caller holds d.mrMu for reading.
+func (d *device) LookupRegion(key uint32) *rc.Region {
+	if m := d.mrs[key]; m != nil {
+		return &m.reg
 	}
-	off := addr - m.addr
-	if off > uint64(len(m.buf)) || uint64(n) > uint64(len(m.buf))-off {
-		return nil, false
-	}
-	return m.buf[off : off+uint64(n) : off+uint64(n)], true
+	return nil
 }
+
+// slice returns the bytes [addr, addr+n) of m, or false if they are not all inside m.
+func (m *MR) slice(addr uint64, n uint32) ([]byte, bool) { return m.reg.Slice(addr, n) }

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 
 	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/internal/rc"
 )
 
 // Device limits every shm device reports and enforces.
@@ -28,11 +29,20 @@ const (
 	maxInline     = 256
 	compVectors   = 1
 
-	qpnMask    = 1<<24 - 1
-	maxMessage = 1 << 31 // the largest RC message
+	qpnMask = 1<<24 - 1
 )
 
-const validAccess = verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.AccessRemoteRead
+const validAccess = rc.ValidAccess
+
+// limits are the device's capacities that the RC core's checks hold requests to.
+var limits = rc.Limits{
+	MaxQPWR:   maxQPWR,
+	MaxSGE:    maxSGE,
+	MaxInline: maxInline,
+	MaxCQE:    maxCQE,
+	MaxMTU:    verbs.MTU4096,
+	Vectors:   compVectors,
+}
 
 // Options configure a [Provider]. The zero value gives one device that accepts peers of
 // the same user only.
@@ -250,47 +260,10 @@ func reserve(n *atomic.Int64, limit int) bool {
 	return true
 }
 
-// refs tracks whether an object is closed and how many objects created from it live, so
-// that closing an object still in use fails with verbs.ErrBusy, as EBUSY does.
-type refs struct {
-	mu     sync.Mutex
-	closed bool
-	n      int
-}
-
-func (r *refs) acquire() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return verbs.ErrClosed
-	}
-	r.n++
-	return nil
-}
-
-func (r *refs) release() {
-	r.mu.Lock()
-	r.n--
-	r.mu.Unlock()
-}
-
-func (r *refs) close() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return verbs.ErrClosed
-	}
-	if r.n > 0 {
-		return verbs.ErrBusy
-	}
-	r.closed = true
-	return nil
-}
-
 // Context is an open shm device. It implements [verbs.Context].
 type Context struct {
 	dev    *device
-	refs   refs
+	refs   rc.Refs
 	events verbs.AsyncEventQueue
 }
 
@@ -319,7 +292,7 @@ func (c *Context) AllocPD() (verbs.PD, error) {
 	if err := c.dev.p.injectedFailure(allocPD); err != nil {
 		return nil, fmt.Errorf("shm: alloc PD: %w", err)
 	}
-	if err := c.refs.acquire(); err != nil {
+	if err := c.refs.Acquire(); err != nil {
 		return nil, fmt.Errorf("shm: alloc PD: %w", err)
 	}
 	return &PD{ctx: c}, nil
@@ -330,7 +303,7 @@ func (c *Context) CreateCompChannel() (verbs.CompChannel, error) {
 	if err := c.dev.p.injectedFailure(allocChannel); err != nil {
 		return nil, fmt.Errorf("shm: create completion channel: %w", err)
 	}
-	if err := c.refs.acquire(); err != nil {
+	if err := c.refs.Acquire(); err != nil {
 		return nil, fmt.Errorf("shm: create completion channel: %w", err)
 	}
 	return newCompChannel(c), nil
@@ -338,11 +311,8 @@ func (c *Context) CreateCompChannel() (verbs.CompChannel, error) {
 
 // CreateCQ creates a CQ that holds exactly cqe completions.
 func (c *Context) CreateCQ(cqe int, ch verbs.CompChannel, vector int) (verbs.CQ, error) {
-	if cqe < 1 || cqe > maxCQE {
-		return nil, fmt.Errorf("shm: create CQ of %d entries (device max %d): %w", cqe, maxCQE, verbs.ErrInvalidArgument)
-	}
-	if vector < 0 || vector >= compVectors {
-		return nil, fmt.Errorf("shm: create CQ on completion vector %d of %d: %w", vector, compVectors, verbs.ErrInvalidArgument)
+	if err := provider.CheckCreateCQ(&limits, cqe, vector); err != nil {
+		return nil, err
 	}
 	var sch *CompChannel
 	if ch != nil {
@@ -357,23 +327,23 @@ func (c *Context) CreateCQ(cqe int, ch verbs.CompChannel, vector int) (verbs.CQ,
 	if !reserve(&c.dev.nCQ, maxCQ) {
 		return nil, fmt.Errorf("shm: create CQ: device limit of %d CQs: %w", maxCQ, verbs.ErrNoResources)
 	}
-	if err := c.refs.acquire(); err != nil {
+	if err := c.refs.Acquire(); err != nil {
 		c.dev.nCQ.Add(-1)
 		return nil, fmt.Errorf("shm: create CQ: %w", err)
 	}
 	if sch != nil {
-		if err := sch.refs.acquire(); err != nil {
-			c.refs.release()
+		if err := sch.core.Attach(); err != nil {
+			c.refs.Release()
 			c.dev.nCQ.Add(-1)
 			return nil, fmt.Errorf("shm: create CQ: completion channel: %w", err)
 		}
 	}
-	return &CQ{ctx: c, ch: sch, ring: make([]cqEntry, cqe)}, nil
+	return newCQ(c, cqe, sch), nil
 }
 
 // Close closes the context. PDs, CQs and channels created from it must be closed first.
 func (c *Context) Close() error {
-	if err := c.refs.close(); err != nil {
+	if err := c.refs.Close(); err != nil {
 		return fmt.Errorf("shm: close context: %w", err)
 	}
 	c.dev.ctxMu.Lock()
@@ -387,14 +357,14 @@ func (c *Context) Close() error {
 // this PD can map every region of the PD that grants a remote access.
 type PD struct {
 	ctx  *Context
-	refs refs
+	refs rc.PD // MRs and QPs; the RC core names the PD by its address
 }
 
 // Close deallocates the protection domain. Its MRs and QPs must be closed first.
 func (p *PD) Close() error {
-	if err := p.refs.close(); err != nil {
+	if err := p.refs.Close(); err != nil {
 		return fmt.Errorf("shm: dealloc PD: %w", err)
 	}
-	p.ctx.refs.release()
+	p.ctx.refs.Release()
 	return nil
 }

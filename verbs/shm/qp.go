@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/internal/rc"
 )
 
 // QP is a reliable-connected queue pair. It implements [verbs.QP] with the RC rules of
@@ -44,8 +45,7 @@ type QP struct {
 	// also reset to fire at once after a fatal error, to flush the queues.
 	timer *time.Timer
 
-	sqPolled atomic.Uint64 // send-queue slots released by polled completions
-	rqPolled atomic.Uint64 // receive-queue slots released by polled completions
+	polled rc.Slots // send- and receive-queue slots released by polled completions
 
 	sq sendQueue
 	rq recvQueue
@@ -90,12 +90,8 @@ type sendQueue struct {
 type recvQueue struct {
 	mu sync.Mutex
 
-	ring    []rwqe
-	head, n int
-	sges    []verbs.SGE
-	vec     [][]byte
-
-	posted uint64
+	wq  rc.RecvQueue // the receive WQEs posted, and the count of them
+	vec [][]byte
 
 	access verbs.AccessFlags
 	srcGID verbs.GID
@@ -124,11 +120,6 @@ type wqe struct {
 	retryLeft uint8
 }
 
-type rwqe struct {
-	id  uint64
-	sgl []verbs.SGE
-}
-
 // CreateQP creates an RC QP in the RESET state with exactly the capacities asked for.
 func (p *PD) CreateQP(attr verbs.QPInitAttr) (verbs.QP, error) {
 	d := p.ctx.dev
@@ -138,13 +129,8 @@ func (p *PD) CreateQP(attr verbs.QPInitAttr) (verbs.QP, error) {
 		return nil, fmt.Errorf("shm: create QP: send and receive CQs must come from the PD's context: %w", verbs.ErrInvalidArgument)
 	}
 	c := attr.Caps
-	switch {
-	case c.MaxSendWR < 1 || c.MaxSendWR > maxQPWR || c.MaxRecvWR < 0 || c.MaxRecvWR > maxQPWR:
-		return nil, fmt.Errorf("shm: create QP with %d send and %d receive WRs (device max %d): %w", c.MaxSendWR, c.MaxRecvWR, maxQPWR, verbs.ErrInvalidArgument)
-	case c.MaxSendSGE < 0 || c.MaxSendSGE > maxSGE || c.MaxRecvSGE < 0 || c.MaxRecvSGE > maxSGE:
-		return nil, fmt.Errorf("shm: create QP with %d send and %d receive SGEs (device max %d): %w", c.MaxSendSGE, c.MaxRecvSGE, maxSGE, verbs.ErrInvalidArgument)
-	case c.MaxInlineData < 0 || c.MaxInlineData > maxInline:
-		return nil, fmt.Errorf("shm: create QP with %d bytes inline (device max %d): %w", c.MaxInlineData, maxInline, verbs.ErrInvalidArgument)
+	if err := provider.CheckQPCaps(&limits, c); err != nil {
+		return nil, err
 	}
 	if err := d.p.injectedFailure(allocQP); err != nil {
 		return nil, fmt.Errorf("shm: create QP: %w", err)
@@ -152,18 +138,18 @@ func (p *PD) CreateQP(attr verbs.QPInitAttr) (verbs.QP, error) {
 	if !reserve(&d.nQP, maxQP) {
 		return nil, fmt.Errorf("shm: create QP: device limit of %d QPs: %w", maxQP, verbs.ErrNoResources)
 	}
-	if err := p.refs.acquire(); err != nil {
+	if err := p.refs.Acquire(); err != nil {
 		d.nQP.Add(-1)
 		return nil, fmt.Errorf("shm: create QP: %w", err)
 	}
 	if err := scq.use(); err != nil {
-		p.refs.release()
+		p.refs.Release()
 		d.nQP.Add(-1)
 		return nil, fmt.Errorf("shm: create QP: send CQ: %w", err)
 	}
 	if err := rcq.use(); err != nil {
 		scq.unuse()
-		p.refs.release()
+		p.refs.Release()
 		d.nQP.Add(-1)
 		return nil, fmt.Errorf("shm: create QP: receive CQ: %w", err)
 	}
@@ -174,14 +160,13 @@ func (p *PD) CreateQP(attr verbs.QPInitAttr) (verbs.QP, error) {
 	q.sq.scratch = make([]byte, c.MaxInlineData)
 	q.sq.vec = make([][]byte, 0, max(c.MaxSendSGE, 1))
 	q.sq.out = make([]byte, 0, requestLen)
-	q.rq.ring = make([]rwqe, c.MaxRecvWR)
-	q.rq.sges = make([]verbs.SGE, c.MaxRecvWR*c.MaxRecvSGE)
+	q.rq.wq.Init(c.MaxRecvWR, c.MaxRecvSGE, nil)
 	q.rq.vec = make([][]byte, 0, max(c.MaxRecvSGE, 1))
 	ln, err := listenQP(q)
 	if err != nil {
 		rcq.unuse()
 		scq.unuse()
-		p.refs.release()
+		p.refs.Release()
 		d.nQP.Add(-1)
 		return nil, fmt.Errorf("shm: create QP: %w: %w", verbs.ErrNoResources, err)
 	}
@@ -239,24 +224,13 @@ func (q *QP) lock()   { q.sq.mu.Lock(); q.rq.mu.Lock() }
 func (q *QP) unlock() { q.rq.mu.Unlock(); q.sq.mu.Unlock() }
 
 func (q *QP) transition(op string, from, to verbs.QPState) error {
-	if q.closed.Load() {
-		return fmt.Errorf("shm: QP %#x: %s: %w", q.qpn, op, verbs.ErrClosed)
-	}
-	if !q.state.CompareAndSwap(int32(from), int32(to)) {
-		return fmt.Errorf("shm: QP %#x: %s from %v: %w", q.qpn, op, q.State(), verbs.ErrInvalidState)
-	}
-	return nil
+	return provider.Transition(q.qpn, &q.state, q.closed.Load(), op, from, to)
 }
 
 // ToInit moves the QP from RESET to INIT. Port must be 1 and PKeyIndex 0.
 func (q *QP) ToInit(attr verbs.InitAttr) error {
-	switch {
-	case attr.Port != 1:
-		return fmt.Errorf("shm: QP %#x: to INIT: no port %d: %w", q.qpn, attr.Port, verbs.ErrInvalidArgument)
-	case attr.PKeyIndex != 0:
-		return fmt.Errorf("shm: QP %#x: to INIT: no P_Key index %d: %w", q.qpn, attr.PKeyIndex, verbs.ErrInvalidArgument)
-	case attr.Access&^validAccess != 0:
-		return fmt.Errorf("shm: QP %#x: to INIT: unknown access flags %#x: %w", q.qpn, uint32(attr.Access), verbs.ErrInvalidArgument)
+	if err := provider.CheckInit(q.qpn, &attr); err != nil {
+		return err
 	}
 	q.lock()
 	defer q.unlock()
@@ -271,17 +245,8 @@ func (q *QP) ToInit(attr verbs.InitAttr) error {
 // whose GID is attr.Dest.DestGID, in this process or another. Neither needs to exist yet:
 // requests to a destination that does not exist or is not connected back are lost.
 func (q *QP) ToRTR(attr verbs.RTRAttr) error {
-	switch {
-	case attr.PathMTU.Bytes() == 0:
-		return fmt.Errorf("shm: QP %#x: to RTR: path MTU %d: %w", q.qpn, int(attr.PathMTU), verbs.ErrInvalidArgument)
-	case attr.DestQPN > qpnMask || attr.RQPSN > qpnMask:
-		return fmt.Errorf("shm: QP %#x: to RTR: QPN %#x or PSN %#x over 24 bits: %w", q.qpn, attr.DestQPN, attr.RQPSN, verbs.ErrInvalidArgument)
-	case !attr.Dest.IsGlobal:
-		return fmt.Errorf("shm: QP %#x: to RTR: a global route (IsGlobal) is needed: %w", q.qpn, verbs.ErrInvalidArgument)
-	case attr.Dest.Port != 1:
-		return fmt.Errorf("shm: QP %#x: to RTR: no port %d: %w", q.qpn, attr.Dest.Port, verbs.ErrInvalidArgument)
-	case attr.MinRNRTimer > 31:
-		return fmt.Errorf("shm: QP %#x: to RTR: RNR timer %d: %w", q.qpn, attr.MinRNRTimer, verbs.ErrInvalidArgument)
+	if err := provider.CheckRTR(&limits, q.qpn, &attr); err != nil {
+		return err
 	}
 	gids := q.dev.attr.Ports[0].GIDs
 	if int(attr.Dest.SGIDIndex) >= len(gids) {
@@ -300,11 +265,8 @@ func (q *QP) ToRTR(attr verbs.RTRAttr) error {
 
 // ToRTS moves the QP from RTR to RTS.
 func (q *QP) ToRTS(attr verbs.RTSAttr) error {
-	switch {
-	case attr.SQPSN > qpnMask:
-		return fmt.Errorf("shm: QP %#x: to RTS: PSN %#x over 24 bits: %w", q.qpn, attr.SQPSN, verbs.ErrInvalidArgument)
-	case attr.Timeout > 31 || attr.RetryCount > 7 || attr.RNRRetry > 7:
-		return fmt.Errorf("shm: QP %#x: to RTS: timeout %d, retry count %d, RNR retry %d: %w", q.qpn, attr.Timeout, attr.RetryCount, attr.RNRRetry, verbs.ErrInvalidArgument)
+	if err := provider.CheckRTS(q.qpn, &attr); err != nil {
+		return err
 	}
 	q.lock()
 	defer q.unlock()
@@ -320,13 +282,9 @@ func (q *QP) ToRTS(attr verbs.RTSAttr) error {
 func (q *QP) ToError() error {
 	q.lock()
 	defer q.unlock()
-	if q.closed.Load() {
-		return fmt.Errorf("shm: QP %#x: to ERROR: %w", q.qpn, verbs.ErrClosed)
+	if err := provider.ToError(q.qpn, &q.state, q.closed.Load()); err != nil {
+		return err
 	}
-	if st := q.State(); st == verbs.QPStateReset {
-		return fmt.Errorf("shm: QP %#x: to ERROR from %v: %w", q.qpn, st, verbs.ErrInvalidState)
-	}
-	q.state.Store(int32(verbs.QPStateError))
 	q.flushSendLocked()
 	q.flushRecvLocked()
 	return nil
@@ -344,11 +302,11 @@ func (q *QP) ToReset() error {
 	q.timer.Stop()
 	q.discardLocked()
 	s := &q.sq
-	s.posted, s.unreported = q.sqPolled.Load(), 0
+	s.posted, s.unreported = q.polled.SQ.Load(), 0
 	s.sgid, s.destGID, s.destQPN, s.av = verbs.GID{}, verbs.GID{}, 0, verbs.AddressVector{}
 	s.timeout, s.retry, s.rnrRetry, s.psn = 0, 0, 0, 0
 	r := &q.rq
-	r.posted = q.rqPolled.Load()
+	r.wq.Reset(q.polled.RQ.Load())
 	r.access, r.srcGID, r.srcQPN, r.minRNR, r.epsn = 0, verbs.GID{}, 0, 0, 0
 	return nil
 }
@@ -357,9 +315,8 @@ func (q *QP) ToReset() error {
 // removes the QP's completions from its CQs. The caller holds both locks.
 func (q *QP) discardLocked() {
 	clear(q.sq.ring)
-	clear(q.rq.ring)
 	q.sq.head, q.sq.n, q.sq.inflight, q.sq.querying, q.sq.waiting = 0, 0, 0, false, false
-	q.rq.head, q.rq.n = 0, 0
+	q.rq.wq.Discard()
 	if q.sq.conn != nil {
 		q.sq.conn.close()
 		q.sq.conn = nil
@@ -389,7 +346,7 @@ func (q *QP) Close() error {
 	q.recvCQ.removeFeeder(q)
 	q.sendCQ.unuse()
 	q.recvCQ.unuse()
-	q.pd.refs.release()
+	q.pd.refs.Release()
 	q.dev.nQP.Add(-1)
 	return nil
 }
@@ -397,16 +354,9 @@ func (q *QP) Close() error {
 // fail moves the QP to ERROR as a fatal error does and has its timer flush both queues.
 // It takes no lock.
 func (q *QP) fail() {
-	for {
-		s := q.state.Load()
-		if s == int32(verbs.QPStateError) || q.closed.Load() {
-			return
-		}
-		if q.state.CompareAndSwap(s, int32(verbs.QPStateError)) {
-			break
-		}
+	if rc.Fail(&q.state, &q.closed) {
+		q.timer.Reset(0)
 	}
-	q.timer.Reset(0)
 }
 
 func (q *QP) flushSendLocked() {
@@ -431,9 +381,8 @@ func (q *QP) abandonLocked() {
 }
 
 func (q *QP) flushRecvLocked() {
-	for q.rq.n > 0 {
-		r := &q.rq.ring[q.rq.head]
-		q.recvCompleteLocked(r, &verbs.WorkCompletion{WRID: r.id, Status: verbs.WCWRFlushErr, Opcode: verbs.WCRecv, QPN: q.qpn}, false)
+	for q.rq.wq.Len() > 0 {
+		q.recvCompleteLocked(&verbs.WorkCompletion{WRID: q.rq.wq.Head().ID, Status: verbs.WCWRFlushErr, Opcode: verbs.WCRecv, QPN: q.qpn}, false)
 	}
 }
 
@@ -462,23 +411,3 @@ func (q *QP) Query() (verbs.QPAttr, error) {
 }
 
 var _ verbs.QPQuerier = (*QP)(nil)
-
-// rnrTimerMicros is the RNR NAK timer encoding of ibv_modify_qp(3), in µs.
-var rnrTimerMicros = [32]int64{
-	655360, 10, 20, 30, 40, 60, 80, 120,
-	160, 240, 320, 480, 640, 960, 1280, 1920,
-	2560, 3840, 5120, 7680, 10240, 15360, 20480, 30720,
-	40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520,
-}
-
-func rnrDelay(enc uint8) time.Duration {
-	return time.Duration(rnrTimerMicros[enc&31]) * time.Microsecond
-}
-
-// ackTimeout is 4.096 µs × 2^enc, or 0 (wait forever) for enc 0.
-func ackTimeout(enc uint8) time.Duration {
-	if enc == 0 {
-		return 0
-	}
-	return time.Duration(4096<<(enc&31)) * time.Nanosecond
-}

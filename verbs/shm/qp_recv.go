@@ -1,6 +1,9 @@
 package shm
 
-import "github.com/rsockio/rsock/verbs"
+import (
+	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/internal/rc"
+)
 
 // PostRecv posts receive requests. Receives may be posted from INIT on; in ERROR they are
 // flushed at once.
@@ -18,43 +21,20 @@ func (q *QP) PostRecv(wrs []verbs.RecvWR) error {
 }
 
 func (q *QP) postRecvLocked(w *verbs.RecvWR) error {
-	if q.closed.Load() {
-		return errPostClosed
-	}
 	st := q.State()
-	if st == verbs.QPStateReset {
-		return errPostRecvState
+	if err := postErrs.CheckPostRecv(st, q.closed.Load(), &q.caps, q.rq.wq.InUse(q.polled.RQ.Load()), w); err != nil {
+		return err
 	}
-	if len(w.SGL) > q.caps.MaxRecvSGE {
-		return errRecvSGEs
-	}
-	if q.rq.posted-q.rqPolled.Load() >= uint64(q.caps.MaxRecvWR) {
-		return errRecvQueueFull
-	}
-	q.rq.posted++
-	i := q.rq.head + q.rq.n
-	if i >= len(q.rq.ring) {
-		i -= len(q.rq.ring)
-	}
-	r := &q.rq.ring[i]
-	k := i * q.caps.MaxRecvSGE
-	r.id, r.sgl = w.ID, q.rq.sges[k:k+len(w.SGL):k+len(w.SGL)]
-	copy(r.sgl, w.SGL)
-	q.rq.n++
+	q.rq.wq.Post(w)
 	if st == verbs.QPStateError {
 		q.flushRecvLocked()
 	}
 	return nil
 }
 
-// recvCompleteLocked completes the receive WQE at the head of the queue, which is r.
-func (q *QP) recvCompleteLocked(r *rwqe, wc *verbs.WorkCompletion, solicited bool) {
-	*r = rwqe{}
-	q.rq.head++
-	if q.rq.head == len(q.rq.ring) {
-		q.rq.head = 0
-	}
-	q.rq.n--
+// recvCompleteLocked completes the receive WQE at the head of the queue with wc.
+func (q *QP) recvCompleteLocked(wc *verbs.WorkCompletion, solicited bool) {
+	q.rq.wq.Pop()
 	if !q.recvCQ.push(wc, q, 0, 1, solicited) {
 		q.fail()
 	}
@@ -99,10 +79,10 @@ func (q *QP) respond(src requester, m *msg) msg {
 	solicited := m.flags&reqSolicited != 0
 	switch m.op {
 	case opSend, opSendWithImm:
-		if q.rq.n == 0 {
+		if q.rq.wq.Len() == 0 {
 			return msg{kind: msgResponse, respKind: respRNR, rnrTimer: q.rq.minRNR}
 		}
-		w := &q.rq.ring[q.rq.head]
+		w := q.rq.wq.Head()
 		if st := q.resolveRecvLocked(w, n); st != verbs.WCSuccess {
 			q.responderFailLocked(w, st)
 			if st == verbs.WCLocLenErr {
@@ -111,14 +91,14 @@ func (q *QP) respond(src requester, m *msg) msg {
 			return errResponse(verbs.WCRemOpErr)
 		}
 		scatter(q.rq.vec, m.payload)
-		wc := verbs.WorkCompletion{WRID: w.id, Opcode: verbs.WCRecv, ByteLen: n, QPN: q.qpn, SrcQP: src.qpn}
+		wc := verbs.WorkCompletion{WRID: w.ID, Opcode: verbs.WCRecv, ByteLen: n, QPN: q.qpn, SrcQP: src.qpn}
 		if m.op == opSendWithImm {
 			wc.Imm, wc.Flags = m.imm, verbs.WCWithImm
 		}
-		q.recvCompleteLocked(w, &wc, solicited)
+		q.recvCompleteLocked(&wc, solicited)
 	case opWrite, opWriteWithImm:
 		imm := m.op == opWriteWithImm
-		if imm && q.rq.n == 0 {
+		if imm && q.rq.wq.Len() == 0 {
 			return msg{kind: msgResponse, respKind: respRNR, rnrTimer: q.rq.minRNR}
 		}
 		if !q.remoteOKLocked(m, verbs.AccessRemoteWrite) {
@@ -126,10 +106,10 @@ func (q *QP) respond(src requester, m *msg) msg {
 			return errResponse(verbs.WCRemAccessErr)
 		}
 		if imm {
-			w := &q.rq.ring[q.rq.head]
-			wc := verbs.WorkCompletion{WRID: w.id, Opcode: verbs.WCRecvRDMAWithImm, ByteLen: n, Imm: m.imm,
+			w := q.rq.wq.Head()
+			wc := verbs.WorkCompletion{WRID: w.ID, Opcode: verbs.WCRecvRDMAWithImm, ByteLen: n, Imm: m.imm,
 				QPN: q.qpn, SrcQP: src.qpn, Flags: verbs.WCWithImm}
-			q.recvCompleteLocked(w, &wc, solicited)
+			q.recvCompleteLocked(&wc, solicited)
 		}
 	case opRead:
 		if !q.remoteOKLocked(m, verbs.AccessRemoteRead) {
@@ -149,57 +129,26 @@ func errResponse(st verbs.WCStatus) msg {
 // must allow it, and the key must name a region of this QP's PD that allows it and holds
 // every byte. A zero-length access checks neither key nor address.
 func (q *QP) remoteOKLocked(m *msg, need verbs.AccessFlags) bool {
-	if q.rq.access&need == 0 {
-		return false
-	}
-	if m.length == 0 {
-		return true
-	}
-	r := q.dev.lookupMRLocked(m.rkey)
-	if r == nil || r.pd != q.pd || r.access&need == 0 {
-		return false
-	}
-	_, ok := r.slice(m.addr, m.length)
+	_, ok := rc.CheckRemote(q.dev, &q.pd.refs, q.rq.access, need, m.rkey, m.addr, m.length)
 	return ok
 }
 
 // resolveRecvLocked checks that receive WQE w can take n bytes and resolves its buffers
 // into q.rq.vec.
-func (q *QP) resolveRecvLocked(w *rwqe, n uint32) verbs.WCStatus {
-	var capacity uint64
-	for _, s := range w.sgl {
-		capacity += uint64(s.Length)
+func (q *QP) resolveRecvLocked(w *rc.RecvWQE, n uint32) verbs.WCStatus {
+	vec, st := rc.ResolveRecv(q.dev, &q.pd.refs, w.SGL, n, q.rq.vec[:0])
+	if st == verbs.WCSuccess {
+		q.rq.vec = vec
 	}
-	if uint64(n) > capacity {
-		return verbs.WCLocLenErr
-	}
-	vec := q.rq.vec[:0]
-	for _, s := range w.sgl {
-		if n == 0 {
-			break
-		}
-		l := min(n, s.Length)
-		m := q.dev.lookupMRLocked(s.LKey)
-		if m == nil || m.pd != q.pd || m.access&verbs.AccessLocalWrite == 0 {
-			return verbs.WCLocProtErr
-		}
-		b, ok := m.slice(s.Addr, l)
-		if !ok {
-			return verbs.WCLocProtErr
-		}
-		vec = append(vec, b)
-		n -= l
-	}
-	q.rq.vec = vec
-	return verbs.WCSuccess
+	return st
 }
 
 // responderFailLocked handles a fatal responder error: receive WQE w, if not nil,
 // completes with status, the QP moves to ERROR and its receive WQEs are flushed.
-func (q *QP) responderFailLocked(w *rwqe, status verbs.WCStatus) {
+func (q *QP) responderFailLocked(w *rc.RecvWQE, status verbs.WCStatus) {
 	q.fail()
 	if w != nil {
-		q.recvCompleteLocked(w, &verbs.WorkCompletion{WRID: w.id, Status: status, Opcode: verbs.WCRecv, QPN: q.qpn}, true)
+		q.recvCompleteLocked(&verbs.WorkCompletion{WRID: w.ID, Status: status, Opcode: verbs.WCRecv, QPN: q.qpn}, true)
 	}
 	q.flushRecvLocked()
 }
@@ -219,7 +168,7 @@ func (q *QP) regionFor(src requester, rkey uint32) (msg, int) {
 	q.dev.mrMu.RLock()
 	defer q.dev.mrMu.RUnlock()
 	m := q.dev.lookupMRLocked(rkey)
-	if m == nil || m.pd != q.pd || m.access&(verbs.AccessRemoteWrite|verbs.AccessRemoteRead) == 0 {
+	if m == nil || m.pd != q.pd || m.reg.Access&(verbs.AccessRemoteWrite|verbs.AccessRemoteRead) == 0 {
 		return no, -1
 	}
 	fd, err := m.shareFD()
@@ -227,5 +176,5 @@ func (q *QP) regionFor(src requester, rkey uint32) (msg, int) {
 		return no, -1
 	}
 	// The requester copies into the region only what both the region and the QP allow.
-	return msg{kind: msgRegion, ok: true, rkey: rkey, access: uint32(m.access & (qpAccess | verbs.AccessLocalWrite)), addr: m.addr, size: uint64(len(m.buf))}, fd
+	return msg{kind: msgRegion, ok: true, rkey: rkey, access: uint32(m.reg.Access & (qpAccess | verbs.AccessLocalWrite)), addr: m.reg.Addr, size: uint64(len(m.reg.Buf))}, fd
 }

@@ -1,25 +1,15 @@
 package shm
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/internal/rc"
 )
 
-var (
-	errPostClosed     = fmt.Errorf("shm: post: %w", verbs.ErrClosed)
-	errPostSendState  = fmt.Errorf("shm: post send: QP not in RTS: %w", verbs.ErrInvalidState)
-	errPostRecvState  = fmt.Errorf("shm: post receive: QP in RESET: %w", verbs.ErrInvalidState)
-	errSendQueueFull  = fmt.Errorf("shm: post send: max_send_wr outstanding: %w", verbs.ErrQueueFull)
-	errRecvQueueFull  = fmt.Errorf("shm: post receive: max_recv_wr outstanding: %w", verbs.ErrQueueFull)
-	errOpcode         = fmt.Errorf("shm: post send: unknown opcode: %w", verbs.ErrInvalidArgument)
-	errSendSGEs       = fmt.Errorf("shm: post send: more SGEs than max_send_sge: %w", verbs.ErrInvalidArgument)
-	errRecvSGEs       = fmt.Errorf("shm: post receive: more SGEs than max_recv_sge: %w", verbs.ErrInvalidArgument)
-	errInlineOpcode   = fmt.Errorf("shm: post send: inline data with RDMA READ: %w", verbs.ErrInvalidArgument)
-	errInlineTooLarge = fmt.Errorf("shm: post send: inline data over max_inline_data: %w", verbs.ErrInvalidArgument)
-	errInlineMemory   = fmt.Errorf("shm: post send: inline data outside registered memory: %w", verbs.ErrInvalidArgument)
-)
+// postErrs are the errors of PostSend and PostRecv, made once so that a rejected post
+// allocates only its *verbs.PostError.
+var postErrs = provider.PostErrors()
 
 // Opcodes as the wire carries them (verbs.Opcode values).
 const (
@@ -54,21 +44,9 @@ func (q *QP) PostSend(wrs []verbs.SendWR) error {
 }
 
 func (q *QP) postSendLocked(w *verbs.SendWR) error {
-	if q.closed.Load() {
-		return errPostClosed
-	}
 	st := q.State()
-	if st != verbs.QPStateRTS && st != verbs.QPStateError {
-		return errPostSendState
-	}
-	if w.Opcode < verbs.OpRDMAWrite || w.Opcode > verbs.OpRDMARead {
-		return errOpcode
-	}
-	if len(w.SGL) > q.caps.MaxSendSGE {
-		return errSendSGEs
-	}
-	if q.sq.posted-q.sqPolled.Load() >= uint64(q.caps.MaxSendWR) {
-		return errSendQueueFull
+	if err := postErrs.CheckPostSend(st, q.closed.Load(), &q.caps, q.sq.posted-q.polled.SQ.Load(), w); err != nil {
+		return err
 	}
 	e := wqe{
 		id: w.ID, op: w.Opcode, flags: w.Flags, imm: w.Imm, raddr: w.RemoteAddr, rkey: w.RKey, sgl: w.SGL,
@@ -92,19 +70,10 @@ func (q *QP) postSendLocked(w *verbs.SendWR) error {
 	return nil
 }
 
-// copyInlineLocked copies an inline WR's payload at post time. As with verbs/soft, the
+// copyInlineLocked copies an inline WR's payload, which CheckPostSend has checked, at
+// post time. As with verbs/soft, the
 // bytes must lie in memory registered on this device.
 func (q *QP) copyInlineLocked(e *wqe) error {
-	if e.op == verbs.OpRDMARead {
-		return errInlineOpcode
-	}
-	var n uint64
-	for _, s := range e.sgl {
-		n += uint64(s.Length)
-	}
-	if n > uint64(q.caps.MaxInlineData) {
-		return errInlineTooLarge
-	}
 	buf := q.sq.scratch[:0]
 	q.dev.mrMu.RLock()
 	defer q.dev.mrMu.RUnlock()
@@ -122,7 +91,7 @@ func (q *QP) copyInlineLocked(e *wqe) error {
 			}
 		}
 		if !ok {
-			return errInlineMemory
+			return postErrs.InlineMemory
 		}
 		buf = append(buf, b...)
 	}
@@ -177,7 +146,7 @@ func (q *QP) runSQ() {
 	if q.sq.n > 0 && q.State() == verbs.QPStateRTS {
 		e := &q.sq.ring[q.sq.head]
 		if q.sq.busy() {
-			if d := time.Until(q.sq.deadline); d > 0 || ackTimeout(q.sq.timeout) == 0 { // fired for an earlier wait
+			if d := time.Until(q.sq.deadline); d > 0 || rc.ACKTimeout(q.sq.timeout) == 0 { // fired for an earlier wait
 				if d > 0 {
 					q.timer.Reset(d)
 				}
@@ -322,7 +291,7 @@ func (q *QP) kickLocked() {
 // armLocked arms the ACK timeout of the first request or region query of an empty
 // pipeline: if no answer comes before it, the requests in flight are lost.
 func (q *QP) armLocked() {
-	if d := ackTimeout(q.sq.timeout); d > 0 {
+	if d := rc.ACKTimeout(q.sq.timeout); d > 0 {
 		q.sq.deadline = time.Now().Add(d)
 		q.timer.Reset(d)
 	}
@@ -400,24 +369,12 @@ func (q *QP) resolveLocalLocked(e *wqe) verbs.WCStatus {
 		e.length = uint32(len(e.inline))
 		return verbs.WCSuccess
 	}
-	var total uint64
-	for _, s := range e.sgl {
-		total += uint64(s.Length)
-		m := q.dev.lookupMRLocked(s.LKey)
-		if m == nil || m.pd != q.pd || (e.op == verbs.OpRDMARead && m.access&verbs.AccessLocalWrite == 0) {
-			return verbs.WCLocProtErr
-		}
-		b, ok := m.slice(s.Addr, s.Length)
-		if !ok {
-			return verbs.WCLocProtErr
-		}
-		vec = append(vec, b)
-	}
-	if total > maxMessage {
-		return verbs.WCLocLenErr
+	vec, n, st := rc.ResolveLocal(q.dev, &q.pd.refs, e.sgl, e.op == verbs.OpRDMARead, vec)
+	if st != verbs.WCSuccess {
+		return st
 	}
 	q.sq.vec = vec
-	e.length = uint32(total)
+	e.length = n
 	return verbs.WCSuccess
 }
 
@@ -427,7 +384,7 @@ func (q *QP) resolveLocalLocked(e *wqe) verbs.WCStatus {
 // once rather than hang.
 func (q *QP) lostLocked(e *wqe, dead bool) {
 	e.queried = false
-	d := ackTimeout(q.sq.timeout)
+	d := rc.ACKTimeout(q.sq.timeout)
 	if d == 0 {
 		if dead {
 			q.completeLocked(e, verbs.WCRetryExcErr)
@@ -497,7 +454,7 @@ func (q *QP) onResponse(c *peerConn, m *msg) {
 	if m.respKind != respAck {
 		q.abandonLocked() // the responder drops those behind the head, out of sequence
 	} else if q.sq.inflight > 0 {
-		if d := ackTimeout(q.sq.timeout); d > 0 {
+		if d := rc.ACKTimeout(q.sq.timeout); d > 0 {
 			q.sq.deadline = time.Now().Add(d)
 		}
 	}
@@ -518,7 +475,7 @@ func (q *QP) onResponse(c *peerConn, m *msg) {
 			e.rnrLeft--
 		}
 		q.sq.waiting = true
-		q.timer.Reset(rnrDelay(m.rnrTimer))
+		q.timer.Reset(rc.RNRDelay(m.rnrTimer))
 	case respDrop:
 		c.forgetRegions() // the responder may have been reset and connected anew
 		q.lostLocked(e, false)

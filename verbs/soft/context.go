@@ -2,55 +2,15 @@ package soft
 
 import (
 	"fmt"
-	"sync"
 
 	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/internal/rc"
 )
-
-// refs tracks whether an object is closed and how many objects created from it are alive,
-// so that closing an object that is still in use fails with verbs.ErrBusy, as destroying
-// a PD with registered MRs or a CQ with attached QPs fails with EBUSY.
-type refs struct {
-	mu     sync.Mutex
-	closed bool
-	n      int
-}
-
-// acquire records a new dependent object, or fails if the object is closed.
-func (r *refs) acquire() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return verbs.ErrClosed
-	}
-	r.n++
-	return nil
-}
-
-func (r *refs) release() {
-	r.mu.Lock()
-	r.n--
-	r.mu.Unlock()
-}
-
-// close marks the object closed unless it is already closed or still has dependents.
-func (r *refs) close() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return verbs.ErrClosed
-	}
-	if r.n > 0 {
-		return verbs.ErrBusy
-	}
-	r.closed = true
-	return nil
-}
 
 // Context is an open soft device. It implements [verbs.Context].
 type Context struct {
 	dev    *device
-	refs   refs // PDs, CQs and completion channels
+	refs   rc.Refs // PDs, CQs and completion channels
 	events verbs.AsyncEventQueue
 }
 
@@ -70,7 +30,7 @@ func (c *Context) AllocPD() (verbs.PD, error) {
 	if err := c.dev.fab.injectedFailure(AllocPD); err != nil {
 		return nil, fmt.Errorf("soft: alloc PD: %w", err)
 	}
-	if err := c.refs.acquire(); err != nil {
+	if err := c.refs.Acquire(); err != nil {
 		return nil, fmt.Errorf("soft: alloc PD: %w", err)
 	}
 	c.dev.fab.live.pds.Add(1)
@@ -82,7 +42,7 @@ func (c *Context) CreateCompChannel() (verbs.CompChannel, error) {
 	if err := c.dev.fab.injectedFailure(AllocCompChannel); err != nil {
 		return nil, fmt.Errorf("soft: create completion channel: %w", err)
 	}
-	if err := c.refs.acquire(); err != nil {
+	if err := c.refs.Acquire(); err != nil {
 		return nil, fmt.Errorf("soft: create completion channel: %w", err)
 	}
 	c.dev.fab.live.channels.Add(1)
@@ -92,11 +52,9 @@ func (c *Context) CreateCompChannel() (verbs.CompChannel, error) {
 // CreateCQ creates a CQ that holds exactly cqe completions. ch may be nil; otherwise it must
 // be a channel of this context. vector must be below DeviceAttr.NumCompVectors.
 func (c *Context) CreateCQ(cqe int, ch verbs.CompChannel, vector int) (verbs.CQ, error) {
-	if cqe < 1 || cqe > c.dev.attr.MaxCQE {
-		return nil, fmt.Errorf("soft: create CQ of %d entries (device max %d): %w", cqe, c.dev.attr.MaxCQE, verbs.ErrInvalidArgument)
-	}
-	if vector < 0 || vector >= compVectors {
-		return nil, fmt.Errorf("soft: create CQ on completion vector %d of %d: %w", vector, compVectors, verbs.ErrInvalidArgument)
+	l := c.dev.limits()
+	if err := provider.CheckCreateCQ(&l, cqe, vector); err != nil {
+		return nil, err
 	}
 	var sch *CompChannel
 	if ch != nil {
@@ -111,24 +69,36 @@ func (c *Context) CreateCQ(cqe int, ch verbs.CompChannel, vector int) (verbs.CQ,
 	if !reserve(&c.dev.nCQ, c.dev.attr.MaxCQ) {
 		return nil, fmt.Errorf("soft: create CQ: device limit of %d CQs: %w", c.dev.attr.MaxCQ, verbs.ErrNoResources)
 	}
-	if err := c.refs.acquire(); err != nil {
+	if err := c.refs.Acquire(); err != nil {
 		c.dev.nCQ.Add(-1)
 		return nil, fmt.Errorf("soft: create CQ: %w", err)
 	}
 	if sch != nil {
-		if err := sch.refs.acquire(); err != nil {
-			c.refs.release()
+		if err := sch.core.Attach(); err != nil {
+			c.refs.Release()
 			c.dev.nCQ.Add(-1)
 			return nil, fmt.Errorf("soft: create CQ: completion channel: %w", err)
 		}
 	}
 	c.dev.fab.live.cqs.Add(1)
-	return &CQ{ctx: c, ch: sch, ring: make([]cqEntry, cqe)}, nil
+	return newCQ(c, cqe, sch), nil
+}
+
+// limits returns the device's capacities that the RC core's checks hold requests to.
+func (d *device) limits() rc.Limits {
+	return rc.Limits{
+		MaxQPWR:   d.attr.MaxQPWR,
+		MaxSGE:    d.attr.MaxSGE,
+		MaxInline: d.attr.MaxInline,
+		MaxCQE:    d.attr.MaxCQE,
+		MaxMTU:    d.attr.Ports[0].MaxMTU,
+		Vectors:   compVectors,
+	}
 }
 
 // Close closes the context. PDs, CQs and channels created from it must be closed first.
 func (c *Context) Close() error {
-	if err := c.refs.close(); err != nil {
+	if err := c.refs.Close(); err != nil {
 		return fmt.Errorf("soft: close context: %w", err)
 	}
 	c.dev.events.remove(c)
@@ -142,15 +112,15 @@ func (c *Context) Close() error {
 // protection error.
 type PD struct {
 	ctx  *Context
-	refs refs // MRs and QPs
+	refs rc.PD // MRs and QPs; the RC core names the PD by its address
 }
 
 // Close deallocates the protection domain. Its MRs and QPs must be closed first.
 func (p *PD) Close() error {
-	if err := p.refs.close(); err != nil {
+	if err := p.refs.Close(); err != nil {
 		return fmt.Errorf("soft: dealloc PD: %w", err)
 	}
-	p.ctx.refs.release()
+	p.ctx.refs.Release()
 	p.ctx.dev.fab.live.pds.Add(-1)
 	return nil
 }

@@ -21,8 +21,6 @@ const (
 
 	// maxMRLimit bounds Limits.MaxMR: the key table has room for this many regions.
 	maxMRLimit = mrChunks*mrChunkSize - 1
-	// maxMessage is the largest RC message, 2^31 bytes.
-	maxMessage = 1 << 31
 )
 
 // Limits are the capacities every device of a [Fabric] reports in its [verbs.DeviceAttr]

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 
 	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/internal/rc"
 )
 
 // MR is a registered memory region. It implements [verbs.MR].
@@ -17,26 +18,17 @@ import (
 type MR struct {
 	pd     *PD
 	dev    *device
-	buf    []byte
-	addr   uint64
+	reg    rc.Region // memory, address and access rights, as the RC core checks them
 	key    uint32
-	access verbs.AccessFlags
 	closed atomic.Bool
 }
-
-const validAccess = verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.AccessRemoteRead
 
 // RegMR allocates and registers length bytes. As ibv_reg_mr(3) requires, remote write
 // access needs local write access too.
 func (p *PD) RegMR(length int, access verbs.AccessFlags) (verbs.MR, error) {
 	d := p.ctx.dev
-	switch {
-	case length < 0 || uint64(length) > d.attr.MaxMRSize:
-		return nil, fmt.Errorf("soft: register MR of %d bytes (device max %d): %w", length, d.attr.MaxMRSize, verbs.ErrInvalidArgument)
-	case access&^validAccess != 0:
-		return nil, fmt.Errorf("soft: register MR: unknown access flags %#x: %w", uint32(access&^validAccess), verbs.ErrInvalidArgument)
-	case access&verbs.AccessRemoteWrite != 0 && access&verbs.AccessLocalWrite == 0:
-		return nil, fmt.Errorf("soft: register MR: remote write access requires local write access: %w", verbs.ErrInvalidArgument)
+	if err := provider.CheckRegMR(length, d.attr.MaxMRSize, access); err != nil {
+		return nil, err
 	}
 	if err := d.fab.injectedFailure(AllocMR); err != nil {
 		return nil, fmt.Errorf("soft: register MR: %w", err)
@@ -44,18 +36,21 @@ func (p *PD) RegMR(length int, access verbs.AccessFlags) (verbs.MR, error) {
 	if !reserve(&d.nMR, d.attr.MaxMR) {
 		return nil, fmt.Errorf("soft: register MR: device limit of %d MRs: %w", d.attr.MaxMR, verbs.ErrNoResources)
 	}
-	if err := p.refs.acquire(); err != nil {
+	if err := p.refs.Acquire(); err != nil {
 		d.nMR.Add(-1)
 		return nil, fmt.Errorf("soft: register MR: %w", err)
 	}
 	const page = 4096
 	span := (uint64(length)+page-1)/page*page + page // one unmapped guard page after each region
 	m := &MR{
-		pd:     p,
-		dev:    d,
-		buf:    make([]byte, length),
-		addr:   d.fab.nextAddr.Add(span) - span,
-		access: access,
+		pd:  p,
+		dev: d,
+		reg: rc.Region{
+			PD:     &p.refs,
+			Buf:    make([]byte, length),
+			Addr:   d.fab.nextAddr.Add(span) - span,
+			Access: access,
+		},
 	}
 	d.mrs.insert(m)
 	d.fab.live.mrs.Add(1)
@@ -63,10 +58,10 @@ func (p *PD) RegMR(length int, access verbs.AccessFlags) (verbs.MR, error) {
 }
 
 // Bytes returns the region's memory.
-func (m *MR) Bytes() []byte { return m.buf }
+func (m *MR) Bytes() []byte { return m.reg.Buf }
 
 // Addr returns the address of Bytes()[0] in the fabric's address space.
-func (m *MR) Addr() uint64 { return m.addr }
+func (m *MR) Addr() uint64 { return m.reg.Addr }
 
 // LKey returns the local key. Soft regions use one key as both local and remote key.
 func (m *MR) LKey() uint32 { return m.key }
@@ -75,7 +70,7 @@ func (m *MR) LKey() uint32 { return m.key }
 func (m *MR) RKey() uint32 { return m.key }
 
 // Access returns the access rights the region was registered with.
-func (m *MR) Access() verbs.AccessFlags { return m.access }
+func (m *MR) Access() verbs.AccessFlags { return m.reg.Access }
 
 // Close deregisters the region: from then on its keys name nothing. Work requests already
 // past their access checks finish their copy, as DMA already under way would.
@@ -85,22 +80,13 @@ func (m *MR) Close() error {
 	}
 	m.dev.mrs.remove(m.key)
 	m.dev.nMR.Add(-1)
-	m.pd.refs.release()
+	m.pd.refs.Release()
 	m.dev.fab.live.mrs.Add(-1)
 	return nil
 }
 
 // slice returns the bytes [addr, addr+n) of m, or false if they are not all inside m.
-func (m *MR) slice(addr uint64, n uint32) ([]byte, bool) {
-	if addr < m.addr {
-		return nil, false
-	}
-	off := addr - m.addr
-	if off > uint64(len(m.buf)) || uint64(n) > uint64(len(m.buf))-off {
-		return nil, false
-	}
-	return m.buf[off : off+uint64(n) : off+uint64(n)], true
-}
+func (m *MR) slice(addr uint64, n uint32) ([]byte, bool) { return m.reg.Slice(addr, n) }
 
 // The key table maps a key to its region without locks or allocation: a key is a table
 // index (high 24 bits) and a generation (low 8 bits) that changes each time the index is
@@ -176,6 +162,15 @@ func (t *mrTable) lookup(key uint32) *MR {
 		return nil
 	}
 	return m
+}
+
+// LookupRegion returns the RC core of the live region whose key is key, or nil
+// ([rc.Keys]).
+func (t *mrTable) LookupRegion(key uint32) *rc.Region {
+	if m := t.lookup(key); m != nil {
+		return &m.reg
+	}
+	return nil
 }
 
 // byAddr returns a live region holding [addr, addr+n). It scans the table: only inline

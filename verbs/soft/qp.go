@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/internal/rc"
 )
 
 const psnMask = 1<<24 - 1
@@ -40,8 +41,7 @@ type QP struct {
 	// goroutine exists while nothing waits.
 	timer *time.Timer
 
-	sqPolled atomic.Uint64 // send-queue slots released by polled completions
-	rqPolled atomic.Uint64 // receive-queue slots released by polled completions
+	polled rc.Slots // send- and receive-queue slots released by polled completions
 
 	sq sendQueue
 	rq recvQueue
@@ -64,7 +64,7 @@ type sendQueue struct {
 	scratch []byte      // inline payload of the WR being posted
 	vec     [][]byte    // resolved local buffers of the WR being executed
 
-	posted     uint64 // WRs accepted; posted - sqPolled is the slots in use
+	posted     uint64 // WRs accepted; posted - polled.SQ is the slots in use
 	unreported uint64 // WRs completed without a completion, released by the next one
 
 	// Connection, set by ToRTR and ToRTS.
@@ -85,12 +85,8 @@ type sendQueue struct {
 type recvQueue struct {
 	mu sync.Mutex
 
-	ring    []rwqe
-	head, n int
-	sges    []verbs.SGE // caps.MaxRecvSGE per slot
-	vec     [][]byte    // resolved buffers of the receive WQE being filled
-
-	posted uint64
+	wq  rc.RecvQueue // the receive WQEs posted, and the count of them
+	vec [][]byte     // resolved buffers of the receive WQE being filled
 
 	// Connection, set by ToInit and ToRTR.
 	access verbs.AccessFlags
@@ -121,12 +117,6 @@ type wqe struct {
 	retryLeft uint8
 }
 
-// rwqe is a receive work request.
-type rwqe struct {
-	id  uint64
-	sgl []verbs.SGE
-}
-
 // CreateQP creates an RC QP in the RESET state with exactly the capacities asked for.
 func (p *PD) CreateQP(attr verbs.QPInitAttr) (verbs.QP, error) {
 	d := p.ctx.dev
@@ -136,13 +126,9 @@ func (p *PD) CreateQP(attr verbs.QPInitAttr) (verbs.QP, error) {
 		return nil, fmt.Errorf("soft: create QP: send and receive CQs must come from the PD's context: %w", verbs.ErrInvalidArgument)
 	}
 	c := attr.Caps
-	switch {
-	case c.MaxSendWR < 1 || c.MaxSendWR > d.attr.MaxQPWR || c.MaxRecvWR < 0 || c.MaxRecvWR > d.attr.MaxQPWR:
-		return nil, fmt.Errorf("soft: create QP with %d send and %d receive WRs (device max %d): %w", c.MaxSendWR, c.MaxRecvWR, d.attr.MaxQPWR, verbs.ErrInvalidArgument)
-	case c.MaxSendSGE < 0 || c.MaxSendSGE > d.attr.MaxSGE || c.MaxRecvSGE < 0 || c.MaxRecvSGE > d.attr.MaxSGE:
-		return nil, fmt.Errorf("soft: create QP with %d send and %d receive SGEs (device max %d): %w", c.MaxSendSGE, c.MaxRecvSGE, d.attr.MaxSGE, verbs.ErrInvalidArgument)
-	case c.MaxInlineData < 0 || c.MaxInlineData > d.attr.MaxInline:
-		return nil, fmt.Errorf("soft: create QP with %d bytes inline (device max %d): %w", c.MaxInlineData, d.attr.MaxInline, verbs.ErrInvalidArgument)
+	l := d.limits()
+	if err := provider.CheckQPCaps(&l, c); err != nil {
+		return nil, err
 	}
 	if err := d.fab.injectedFailure(AllocQP); err != nil {
 		return nil, fmt.Errorf("soft: create QP: %w", err)
@@ -150,31 +136,31 @@ func (p *PD) CreateQP(attr verbs.QPInitAttr) (verbs.QP, error) {
 	if !reserve(&d.nQP, d.attr.MaxQP) {
 		return nil, fmt.Errorf("soft: create QP: device limit of %d QPs: %w", d.attr.MaxQP, verbs.ErrNoResources)
 	}
-	if err := p.refs.acquire(); err != nil {
+	if err := p.refs.Acquire(); err != nil {
 		d.nQP.Add(-1)
 		return nil, fmt.Errorf("soft: create QP: %w", err)
 	}
 	if err := scq.use(); err != nil {
-		p.refs.release()
+		p.refs.Release()
 		d.nQP.Add(-1)
 		return nil, fmt.Errorf("soft: create QP: send CQ: %w", err)
 	}
 	if err := rcq.use(); err != nil {
 		scq.unuse()
-		p.refs.release()
+		p.refs.Release()
 		d.nQP.Add(-1)
 		return nil, fmt.Errorf("soft: create QP: receive CQ: %w", err)
 	}
 	q := &QP{dev: d, pd: p, sendCQ: scq, recvCQ: rcq, caps: c, sigAll: attr.SignalAll}
 	q.sq.ring = make([]wqe, c.MaxSendWR)
-	q.rq.ring = make([]rwqe, c.MaxRecvWR)
 	// Storage of one type is made once and cut into capped parts, so that creating
 	// a QP allocates less: the SGLs of both queues, the local buffers of both queues'
 	// messages. The inline payloads of queued WRs get their storage when the first is
 	// queued (enqueueLocked): a WR posted to an idle queue runs at once, from scratch.
 	nsq, nrq := c.MaxSendWR*c.MaxSendSGE, c.MaxRecvWR*c.MaxRecvSGE
 	sges := make([]verbs.SGE, nsq+nrq)
-	q.sq.sges, q.rq.sges = sges[:nsq:nsq], sges[nsq:]
+	q.sq.sges = sges[:nsq:nsq]
+	q.rq.wq.Init(c.MaxRecvWR, c.MaxRecvSGE, sges[nsq:])
 	if c.MaxInlineData <= len(q.scratchBuf) {
 		q.sq.scratch = q.scratchBuf[:c.MaxInlineData:c.MaxInlineData]
 	} else {
@@ -208,25 +194,14 @@ func (q *QP) unlock() { q.rq.mu.Unlock(); q.sq.mu.Unlock() }
 
 // transition moves the QP from state from to state to, holding both queue locks.
 func (q *QP) transition(op string, from, to verbs.QPState) error {
-	if q.closed.Load() {
-		return fmt.Errorf("soft: QP %#x: %s: %w", q.qpn, op, verbs.ErrClosed)
-	}
-	if !q.state.CompareAndSwap(int32(from), int32(to)) {
-		return fmt.Errorf("soft: QP %#x: %s from %v: %w", q.qpn, op, q.State(), verbs.ErrInvalidState)
-	}
-	return nil
+	return provider.Transition(q.qpn, &q.state, q.closed.Load(), op, from, to)
 }
 
 // ToInit moves the QP from RESET to INIT. Port must be 1 and PKeyIndex 0: soft devices
 // have one port with one partition key.
 func (q *QP) ToInit(attr verbs.InitAttr) error {
-	switch {
-	case attr.Port != 1:
-		return fmt.Errorf("soft: QP %#x: to INIT: no port %d: %w", q.qpn, attr.Port, verbs.ErrInvalidArgument)
-	case attr.PKeyIndex != 0:
-		return fmt.Errorf("soft: QP %#x: to INIT: no P_Key index %d: %w", q.qpn, attr.PKeyIndex, verbs.ErrInvalidArgument)
-	case attr.Access&^validAccess != 0:
-		return fmt.Errorf("soft: QP %#x: to INIT: unknown access flags %#x: %w", q.qpn, uint32(attr.Access), verbs.ErrInvalidArgument)
+	if err := provider.CheckInit(q.qpn, &attr); err != nil {
+		return err
 	}
 	q.lock()
 	defer q.unlock()
@@ -243,17 +218,9 @@ func (q *QP) ToInit(attr verbs.InitAttr) error {
 // PSNs, are lost as on a dead link.
 func (q *QP) ToRTR(attr verbs.RTRAttr) error {
 	ports := q.dev.attr.Ports
-	switch {
-	case attr.PathMTU.Bytes() == 0 || attr.PathMTU > ports[0].MaxMTU:
-		return fmt.Errorf("soft: QP %#x: to RTR: path MTU %d: %w", q.qpn, int(attr.PathMTU), verbs.ErrInvalidArgument)
-	case attr.DestQPN > psnMask || attr.RQPSN > psnMask:
-		return fmt.Errorf("soft: QP %#x: to RTR: QPN %#x or PSN %#x over 24 bits: %w", q.qpn, attr.DestQPN, attr.RQPSN, verbs.ErrInvalidArgument)
-	case !attr.Dest.IsGlobal:
-		return fmt.Errorf("soft: QP %#x: to RTR: RoCE needs a global route (IsGlobal): %w", q.qpn, verbs.ErrInvalidArgument)
-	case attr.Dest.Port != 1:
-		return fmt.Errorf("soft: QP %#x: to RTR: no port %d: %w", q.qpn, attr.Dest.Port, verbs.ErrInvalidArgument)
-	case attr.MinRNRTimer > 31:
-		return fmt.Errorf("soft: QP %#x: to RTR: RNR timer %d: %w", q.qpn, attr.MinRNRTimer, verbs.ErrInvalidArgument)
+	l := q.dev.limits()
+	if err := provider.CheckRTR(&l, q.qpn, &attr); err != nil {
+		return err
 	}
 	sgid, ok := gidAt(ports[0], attr.Dest.SGIDIndex)
 	if !ok { // the kernel fails to find the source GID's attributes
@@ -277,11 +244,8 @@ func (q *QP) ToRTR(attr verbs.RTRAttr) error {
 // 2^Timeout, scaled by Options.TimeScale; 0 waits forever), RetryCount the retransmissions
 // of a lost request, RNRRetry the retries after an RNR NAK (7 retries forever).
 func (q *QP) ToRTS(attr verbs.RTSAttr) error {
-	switch {
-	case attr.SQPSN > psnMask:
-		return fmt.Errorf("soft: QP %#x: to RTS: PSN %#x over 24 bits: %w", q.qpn, attr.SQPSN, verbs.ErrInvalidArgument)
-	case attr.Timeout > 31 || attr.RetryCount > 7 || attr.RNRRetry > 7:
-		return fmt.Errorf("soft: QP %#x: to RTS: timeout %d, retry count %d, RNR retry %d: %w", q.qpn, attr.Timeout, attr.RetryCount, attr.RNRRetry, verbs.ErrInvalidArgument)
+	if err := provider.CheckRTS(q.qpn, &attr); err != nil {
+		return err
 	}
 	q.lock()
 	defer q.unlock()
@@ -299,13 +263,9 @@ func (q *QP) ToRTS(attr verbs.RTSAttr) error {
 func (q *QP) ToError() error {
 	q.lock()
 	defer q.unlock()
-	if q.closed.Load() {
-		return fmt.Errorf("soft: QP %#x: to ERROR: %w", q.qpn, verbs.ErrClosed)
+	if err := provider.ToError(q.qpn, &q.state, q.closed.Load()); err != nil {
+		return err
 	}
-	if st := q.State(); st == verbs.QPStateReset {
-		return fmt.Errorf("soft: QP %#x: to ERROR from %v: %w", q.qpn, st, verbs.ErrInvalidState)
-	}
-	q.state.Store(int32(verbs.QPStateError))
 	q.flushSendLocked()
 	q.flushRecvLocked()
 	return nil
@@ -322,8 +282,8 @@ func (q *QP) ToReset() error {
 	q.state.Store(int32(verbs.QPStateReset))
 	q.timer.Stop()
 	q.discardLocked(false)
-	q.sq.reset(q.sqPolled.Load())
-	q.rq.reset(q.rqPolled.Load())
+	q.sq.reset(q.polled.SQ.Load())
+	q.rq.reset(q.polled.RQ.Load())
 	return nil
 }
 
@@ -337,7 +297,7 @@ func (s *sendQueue) reset(polled uint64) {
 }
 
 func (r *recvQueue) reset(polled uint64) {
-	r.posted = polled
+	r.wq.Reset(polled)
 	r.access, r.srcDev, r.srcQPN, r.mtu, r.epsn, r.minRNR, r.srcGID = 0, nil, 0, 0, 0, 0, verbs.GID{}
 }
 
@@ -347,9 +307,8 @@ func (r *recvQueue) reset(polled uint64) {
 // matter to anyone. The caller holds both locks.
 func (q *QP) discardLocked(destroying bool) {
 	clear(q.sq.ring)
-	clear(q.rq.ring)
 	q.sq.head, q.sq.n = 0, 0
-	q.rq.head, q.rq.n = 0, 0
+	q.rq.wq.Discard()
 	if destroying && q.dev.fab.teardown.leaveCompletions.Load() {
 		return
 	}
@@ -374,7 +333,7 @@ func (q *QP) Close() error {
 	q.dev.removeQP(q)
 	q.sendCQ.unuse()
 	q.recvCQ.unuse()
-	q.pd.refs.release()
+	q.pd.refs.Release()
 	q.dev.nQP.Add(-1)
 	q.dev.fab.live.qps.Add(-1)
 	return nil
@@ -383,16 +342,9 @@ func (q *QP) Close() error {
 // fail moves the QP to ERROR as a fatal asynchronous error does, and has its timer flush
 // both queues soon. It takes no lock, so it may be called holding any of them.
 func (q *QP) fail() {
-	for {
-		s := q.state.Load()
-		if s == int32(verbs.QPStateError) || q.closed.Load() {
-			return
-		}
-		if q.state.CompareAndSwap(s, int32(verbs.QPStateError)) {
-			break
-		}
+	if rc.Fail(&q.state, &q.closed) {
+		q.timer.Reset(0)
 	}
-	q.timer.Reset(0)
 }
 
 // flushSendLocked completes every WR of the send queue with WR_FLUSH_ERR, signaled or not,
@@ -406,9 +358,8 @@ func (q *QP) flushSendLocked() {
 
 // flushRecvLocked completes every receive WR with WR_FLUSH_ERR. The caller holds rq.mu.
 func (q *QP) flushRecvLocked() {
-	for q.rq.n > 0 {
-		r := &q.rq.ring[q.rq.head]
-		q.recvCompleteLocked(r, &verbs.WorkCompletion{WRID: r.id, Status: verbs.WCWRFlushErr, Opcode: verbs.WCRecv, QPN: q.qpn}, false)
+	for q.rq.wq.Len() > 0 {
+		q.recvCompleteLocked(&verbs.WorkCompletion{WRID: q.rq.wq.Head().ID, Status: verbs.WCWRFlushErr, Opcode: verbs.WCRecv, QPN: q.qpn}, false)
 	}
 }
 

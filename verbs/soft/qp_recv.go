@@ -1,6 +1,9 @@
 package soft
 
-import "github.com/rsockio/rsock/verbs"
+import (
+	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/internal/rc"
+)
 
 // PostRecv posts receive requests. Receives may be posted from INIT on; in ERROR they are
 // flushed at once.
@@ -18,37 +21,19 @@ func (q *QP) PostRecv(wrs []verbs.RecvWR) error {
 }
 
 func (q *QP) postRecvLocked(w *verbs.RecvWR) error {
-	if q.closed.Load() {
-		return errPostClosed
-	}
 	st := q.State()
-	if st == verbs.QPStateReset {
-		return errPostRecvState
+	if err := postErrs.CheckPostRecv(st, q.closed.Load(), &q.caps, q.rq.wq.InUse(q.polled.RQ.Load()), w); err != nil {
+		return err
 	}
-	if len(w.SGL) > q.caps.MaxRecvSGE {
-		return errRecvSGEs
-	}
-	if q.rq.posted-q.rqPolled.Load() >= uint64(q.caps.MaxRecvWR) {
-		return errRecvQueueFull
-	}
-	q.rq.posted++
-	i := q.rq.head + q.rq.n
-	if i >= len(q.rq.ring) {
-		i -= len(q.rq.ring)
-	}
-	r := &q.rq.ring[i]
-	k := i * q.caps.MaxRecvSGE
-	r.id, r.sgl = w.ID, q.rq.sges[k:k+len(w.SGL):k+len(w.SGL)]
-	copy(r.sgl, w.SGL)
-	q.rq.n++
+	q.rq.wq.Post(w)
 	if st == verbs.QPStateError {
 		q.flushRecvLocked()
 	}
 	return nil
 }
 
-// recvCompleteLocked completes the receive WQE at the head of the queue, which is r.
-func (q *QP) recvCompleteLocked(r *rwqe, wc *verbs.WorkCompletion, solicited bool) {
+// recvCompleteLocked completes the receive WQE at the head of the queue with wc.
+func (q *QP) recvCompleteLocked(wc *verbs.WorkCompletion, solicited bool) {
 	switch wc.Status {
 	case verbs.WCSuccess:
 	case verbs.WCWRFlushErr:
@@ -56,12 +41,7 @@ func (q *QP) recvCompleteLocked(r *rwqe, wc *verbs.WorkCompletion, solicited boo
 	default:
 		q.dev.stats.errors.Add(1)
 	}
-	*r = rwqe{}
-	q.rq.head++
-	if q.rq.head == len(q.rq.ring) {
-		q.rq.head = 0
-	}
-	q.rq.n--
+	q.rq.wq.Pop()
 	if !q.recvCQ.push(wc, q, 0, 1, solicited) {
 		q.fail()
 	}
@@ -90,10 +70,10 @@ func (q *QP) respondLocked(r *QP, e *wqe) (status verbs.WCStatus, rnr bool) {
 	n := e.length
 	switch e.op {
 	case verbs.OpSend, verbs.OpSendWithImm:
-		if q.rq.n == 0 {
+		if q.rq.wq.Len() == 0 {
 			return 0, true
 		}
-		w := &q.rq.ring[q.rq.head]
+		w := q.rq.wq.Head()
 		if st := q.resolveRecvLocked(w, n); st != verbs.WCSuccess {
 			q.responderFailLocked(w, st)
 			if st == verbs.WCLocLenErr {
@@ -102,15 +82,15 @@ func (q *QP) respondLocked(r *QP, e *wqe) (status verbs.WCStatus, rnr bool) {
 			return verbs.WCRemOpErr, false
 		}
 		copyVec(q.rq.vec, r.sq.vec)
-		wc := verbs.WorkCompletion{WRID: w.id, Opcode: verbs.WCRecv, ByteLen: n, QPN: q.qpn, SrcQP: r.qpn}
+		wc := verbs.WorkCompletion{WRID: w.ID, Opcode: verbs.WCRecv, ByteLen: n, QPN: q.qpn, SrcQP: r.qpn}
 		if e.op == verbs.OpSendWithImm {
 			wc.Imm, wc.Flags = e.imm, verbs.WCWithImm
 		}
-		q.recvCompleteLocked(w, &wc, e.flags&verbs.SendSolicited != 0)
+		q.recvCompleteLocked(&wc, e.flags&verbs.SendSolicited != 0)
 
 	case verbs.OpRDMAWrite, verbs.OpRDMAWriteWithImm:
 		imm := e.op == verbs.OpRDMAWriteWithImm
-		if imm && q.rq.n == 0 {
+		if imm && q.rq.wq.Len() == 0 {
 			return 0, true
 		}
 		dst, ok := q.remoteLocked(e, n, verbs.AccessRemoteWrite)
@@ -120,10 +100,10 @@ func (q *QP) respondLocked(r *QP, e *wqe) (status verbs.WCStatus, rnr bool) {
 		}
 		gather(dst, r.sq.vec) // the payload lands before the receive completion exists
 		if imm {
-			w := &q.rq.ring[q.rq.head]
-			wc := verbs.WorkCompletion{WRID: w.id, Opcode: verbs.WCRecvRDMAWithImm, ByteLen: n, Imm: e.imm,
+			w := q.rq.wq.Head()
+			wc := verbs.WorkCompletion{WRID: w.ID, Opcode: verbs.WCRecvRDMAWithImm, ByteLen: n, Imm: e.imm,
 				QPN: q.qpn, SrcQP: r.qpn, Flags: verbs.WCWithImm}
-			q.recvCompleteLocked(w, &wc, e.flags&verbs.SendSolicited != 0)
+			q.recvCompleteLocked(&wc, e.flags&verbs.SendSolicited != 0)
 		}
 
 	case verbs.OpRDMARead:
@@ -143,58 +123,27 @@ func (q *QP) respondLocked(r *QP, e *wqe) (status verbs.WCStatus, rnr bool) {
 // PD that allows it and holds all n bytes. As the InfiniBand specification has it, a
 // zero-length access checks neither key nor address.
 func (q *QP) remoteLocked(e *wqe, n uint32, need verbs.AccessFlags) ([]byte, bool) {
-	if q.rq.access&need == 0 {
-		return nil, false
-	}
-	if n == 0 {
-		return nil, true
-	}
-	m := q.dev.mrs.lookup(e.rkey)
-	if m == nil || m.pd != q.pd || m.access&need == 0 {
-		return nil, false
-	}
-	return m.slice(e.raddr, n)
+	return rc.CheckRemote(&q.dev.mrs, &q.pd.refs, q.rq.access, need, e.rkey, e.raddr, n)
 }
 
 // resolveRecvLocked checks that receive WQE w can take n bytes and resolves the buffers
 // the message fills into q.rq.vec. A message longer than the WQE's buffers is a local
 // length error; a buffer that is not writable memory of this QP's PD a protection error.
-func (q *QP) resolveRecvLocked(w *rwqe, n uint32) verbs.WCStatus {
-	var capacity uint64
-	for _, s := range w.sgl {
-		capacity += uint64(s.Length)
+func (q *QP) resolveRecvLocked(w *rc.RecvWQE, n uint32) verbs.WCStatus {
+	vec, st := rc.ResolveRecv(&q.dev.mrs, &q.pd.refs, w.SGL, n, q.rq.vec[:0])
+	if st == verbs.WCSuccess {
+		q.rq.vec = vec
 	}
-	if uint64(n) > capacity {
-		return verbs.WCLocLenErr
-	}
-	vec := q.rq.vec[:0]
-	for _, s := range w.sgl {
-		if n == 0 {
-			break
-		}
-		l := min(n, s.Length)
-		m := q.dev.mrs.lookup(s.LKey)
-		if m == nil || m.pd != q.pd || m.access&verbs.AccessLocalWrite == 0 {
-			return verbs.WCLocProtErr
-		}
-		b, ok := m.slice(s.Addr, l)
-		if !ok {
-			return verbs.WCLocProtErr
-		}
-		vec = append(vec, b)
-		n -= l
-	}
-	q.rq.vec = vec
-	return verbs.WCSuccess
+	return st
 }
 
 // responderFailLocked handles a fatal responder error: receive WQE w, if not nil, completes
 // with status, the QP moves to ERROR and its remaining receive WQEs are flushed; its send
 // queue is flushed by its timer.
-func (q *QP) responderFailLocked(w *rwqe, status verbs.WCStatus) {
+func (q *QP) responderFailLocked(w *rc.RecvWQE, status verbs.WCStatus) {
 	q.fail()
 	if w != nil {
-		q.recvCompleteLocked(w, &verbs.WorkCompletion{WRID: w.id, Status: status, Opcode: verbs.WCRecv, QPN: q.qpn}, true)
+		q.recvCompleteLocked(&verbs.WorkCompletion{WRID: w.ID, Status: status, Opcode: verbs.WCRecv, QPN: q.qpn}, true)
 	}
 	q.flushRecvLocked()
 }

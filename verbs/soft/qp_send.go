@@ -1,27 +1,15 @@
 package soft
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/internal/rc"
 )
 
-// Errors of PostSend and PostRecv, made once so that a rejected post allocates only its
-// *verbs.PostError.
-var (
-	errPostClosed     = fmt.Errorf("soft: post: %w", verbs.ErrClosed)
-	errPostSendState  = fmt.Errorf("soft: post send: QP not in RTS: %w", verbs.ErrInvalidState)
-	errPostRecvState  = fmt.Errorf("soft: post receive: QP in RESET: %w", verbs.ErrInvalidState)
-	errSendQueueFull  = fmt.Errorf("soft: post send: max_send_wr outstanding: %w", verbs.ErrQueueFull)
-	errRecvQueueFull  = fmt.Errorf("soft: post receive: max_recv_wr outstanding: %w", verbs.ErrQueueFull)
-	errOpcode         = fmt.Errorf("soft: post send: unknown opcode: %w", verbs.ErrInvalidArgument)
-	errSendSGEs       = fmt.Errorf("soft: post send: more SGEs than max_send_sge: %w", verbs.ErrInvalidArgument)
-	errRecvSGEs       = fmt.Errorf("soft: post receive: more SGEs than max_recv_sge: %w", verbs.ErrInvalidArgument)
-	errInlineOpcode   = fmt.Errorf("soft: post send: inline data with RDMA READ: %w", verbs.ErrInvalidArgument)
-	errInlineTooLarge = fmt.Errorf("soft: post send: inline data over max_inline_data: %w", verbs.ErrInvalidArgument)
-	errInlineMemory   = fmt.Errorf("soft: post send: inline data outside registered memory: %w", verbs.ErrInvalidArgument)
-)
+// postErrs are the errors of PostSend and PostRecv, made once so that a rejected post
+// allocates only its *verbs.PostError.
+var postErrs = provider.PostErrors()
 
 // outcome is how an attempt to execute a send WR ended.
 type outcome uint8
@@ -52,21 +40,9 @@ func (q *QP) PostSend(wrs []verbs.SendWR) error {
 }
 
 func (q *QP) postSendLocked(w *verbs.SendWR) error {
-	if q.closed.Load() {
-		return errPostClosed
-	}
 	st := q.State()
-	if st != verbs.QPStateRTS && st != verbs.QPStateError {
-		return errPostSendState
-	}
-	if w.Opcode < verbs.OpRDMAWrite || w.Opcode > verbs.OpRDMARead {
-		return errOpcode
-	}
-	if len(w.SGL) > q.caps.MaxSendSGE {
-		return errSendSGEs
-	}
-	if q.sq.posted-q.sqPolled.Load() >= uint64(q.caps.MaxSendWR) {
-		return errSendQueueFull
+	if err := postErrs.CheckPostSend(st, q.closed.Load(), &q.caps, q.sq.posted-q.polled.SQ.Load(), w); err != nil {
+		return err
 	}
 	e := wqe{
 		id: w.ID, op: w.Opcode, flags: w.Flags, imm: w.Imm, raddr: w.RemoteAddr, rkey: w.RKey, sgl: w.SGL,
@@ -116,24 +92,15 @@ func (q *QP) postSendLocked(w *verbs.SendWR) error {
 	return nil
 }
 
-// copyInlineLocked validates an inline WR and copies its payload into the send queue's
-// scratch buffer, so the caller may reuse its buffers as soon as PostSend returns.
+// copyInlineLocked copies the payload of an inline WR, which CheckPostSend has checked,
+// into the send queue's scratch buffer, so the caller may reuse its buffers as soon as
+// PostSend returns.
 //
 // Real devices read inline data from any process memory. Soft can read only memory it
 // knows: each SGE must lie in a registered region of this device (its LKey is used to find
 // the region when it names one that holds the SGE, and is otherwise ignored, as for inline
 // data on hardware).
 func (q *QP) copyInlineLocked(e *wqe) error {
-	if e.op == verbs.OpRDMARead {
-		return errInlineOpcode
-	}
-	var n uint64
-	for _, s := range e.sgl {
-		n += uint64(s.Length)
-	}
-	if n > uint64(q.caps.MaxInlineData) {
-		return errInlineTooLarge
-	}
 	buf := q.sq.scratch[:0]
 	for _, s := range e.sgl {
 		var b []byte
@@ -143,7 +110,7 @@ func (q *QP) copyInlineLocked(e *wqe) error {
 		}
 		if !ok {
 			if _, b = q.dev.mrs.byAddr(s.Addr, s.Length); b == nil {
-				return errInlineMemory
+				return postErrs.InlineMemory
 			}
 		}
 		buf = append(buf, b...)
@@ -370,24 +337,12 @@ func (q *QP) resolveLocalLocked(e *wqe) verbs.WCStatus {
 		e.length = uint32(len(e.inline))
 		return verbs.WCSuccess
 	}
-	var total uint64
-	for _, s := range e.sgl {
-		total += uint64(s.Length)
-		m := q.dev.mrs.lookup(s.LKey)
-		if m == nil || m.pd != q.pd || (e.op == verbs.OpRDMARead && m.access&verbs.AccessLocalWrite == 0) {
-			return verbs.WCLocProtErr
-		}
-		b, ok := m.slice(s.Addr, s.Length)
-		if !ok {
-			return verbs.WCLocProtErr
-		}
-		vec = append(vec, b)
-	}
-	if total > maxMessage {
-		return verbs.WCLocLenErr
+	vec, n, st := rc.ResolveLocal(&q.dev.mrs, &q.pd.refs, e.sgl, e.op == verbs.OpRDMARead, vec)
+	if st != verbs.WCSuccess {
+		return st
 	}
 	q.sq.vec = vec
-	e.length = uint32(total)
+	e.length = n
 	return verbs.WCSuccess
 }
 
