@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/internal/rc"
 )
 
 var _ verbs.MemoryRegistrar = (*PD)(nil)
@@ -15,13 +16,8 @@ var _ verbs.MemoryRegistrar = (*PD)(nil)
 // size, injected AllocMR failures); Close deregisters it and leaves buf alone.
 func (p *PD) RegMemory(buf []byte, access verbs.AccessFlags) (verbs.MR, error) {
 	d := p.ctx.dev
-	switch {
-	case uint64(len(buf)) > d.attr.MaxMRSize:
-		return nil, fmt.Errorf("soft: register %d bytes of memory (device max %d): %w", len(buf), d.attr.MaxMRSize, verbs.ErrInvalidArgument)
-	case access&^validAccess != 0:
-		return nil, fmt.Errorf("soft: register memory: unknown access flags %#x: %w", uint32(access&^validAccess), verbs.ErrInvalidArgument)
-	case access&verbs.AccessRemoteWrite != 0 && access&verbs.AccessLocalWrite == 0:
-		return nil, fmt.Errorf("soft: register memory: remote write access requires local write access: %w", verbs.ErrInvalidArgument)
+	if err := provider.CheckRegMR(len(buf), d.attr.MaxMRSize, access); err != nil {
+		return nil, err
 	}
 	if err := d.fab.injectedFailure(AllocMR); err != nil {
 		return nil, fmt.Errorf("soft: register memory: %w", err)
@@ -29,18 +25,21 @@ func (p *PD) RegMemory(buf []byte, access verbs.AccessFlags) (verbs.MR, error) {
 	if !reserve(&d.nMR, d.attr.MaxMR) {
 		return nil, fmt.Errorf("soft: register memory: device limit of %d MRs: %w", d.attr.MaxMR, verbs.ErrNoResources)
 	}
-	if err := p.refs.acquire(); err != nil {
+	if err := p.refs.Acquire(); err != nil {
 		d.nMR.Add(-1)
 		return nil, fmt.Errorf("soft: register memory: %w", err)
 	}
 	const page = 4096
 	span := (uint64(len(buf))+page-1)/page*page + page // a guard page after it, as RegMR's
 	m := &MR{
-		pd:     p,
-		dev:    d,
-		buf:    buf[:len(buf):len(buf)],
-		addr:   d.fab.nextAddr.Add(span) - span,
-		access: access,
+		pd:  p,
+		dev: d,
+		reg: rc.Region{
+			PD:     &p.refs,
+			Buf:    buf[:len(buf):len(buf)],
+			Addr:   d.fab.nextAddr.Add(span) - span,
+			Access: access,
+		},
 	}
 	d.mrs.insert(m)
 	d.fab.live.mrs.Add(1)
