@@ -56,9 +56,9 @@ type poller struct {
 
 	mu       sync.RWMutex
 	handlers map[uint32]completionHandler
-	reserved int   // CQ entries promised to attached QPs
-	err      error // sticky CQ failure
-	cancel   context.CancelFunc
+	reserved int     // CQ entries promised to attached QPs
+	err      error   // sticky CQ failure
+	stop     stopCtx // the goroutine's context, nil while it is not running
 	done     chan struct{}
 
 	// tok is the CQ's ownership token: whoever holds it polls the CQ and dispatches
@@ -132,11 +132,9 @@ func (p *poller) attach(qpn uint32, h completionHandler) error {
 		return p.err
 	}
 	p.handlers[qpn] = h
-	if p.cancel == nil {
-		ctx, cancel := context.WithCancel(context.Background())
-		p.cancel = cancel
-		p.done = make(chan struct{})
-		go p.run(ctx, p.done)
+	if p.stop == nil {
+		p.stop, p.done = newStopCtx(), make(chan struct{})
+		go p.run(p.stop, p.done)
 	}
 	return nil
 }
@@ -148,9 +146,9 @@ func (p *poller) detach(qpn uint32) {
 	p.mu.Lock()
 	delete(p.handlers, qpn)
 	var done chan struct{}
-	if len(p.handlers) == 0 && p.cancel != nil {
-		p.cancel()
-		p.cancel = nil
+	if len(p.handlers) == 0 && p.stop != nil {
+		close(p.stop)
+		p.stop = nil
 		done = p.done
 	}
 	p.mu.Unlock()
