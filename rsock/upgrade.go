@@ -223,6 +223,9 @@ func proveClient(ctx context.Context, conn *rdma.Conn, mine *proof) (peer proof,
 	if err := conn.SendProof(mine.appendTo(buf[:0])); err != nil {
 		return proof{}, fmt.Errorf("%w: send the proof: %w", ErrPathUnproven, err), nil
 	}
+	if conn.SpinProof() { // the common case, where the peer answers at once: no timer
+		return checkServerProof(conn, mine)
+	}
 	wait := pathProofTimeout
 	if dl, ok := ctx.Deadline(); ok {
 		// Leave the other half for the confirmation and the server's fallback.
@@ -237,6 +240,12 @@ func proveClient(ctx context.Context, conn *rdma.Conn, mine *proof) (peer proof,
 		return proof{}, fmt.Errorf("%w: no RDMA message from the peer within %v: is RoCE (UDP 4791) blocked or routed elsewhere?", ErrPathUnproven, wait.Round(time.Millisecond)), nil
 	case <-conn.ProofDone():
 	}
+	return checkServerProof(conn, mine)
+}
+
+// checkServerProof reads the server's proof off conn, whose ProofDone is closed, and
+// checks it binds to the client's proof mine: see proveClient.
+func checkServerProof(conn *rdma.Conn, mine *proof) (peer proof, why, err error) {
 	b, err := conn.Proof()
 	if err != nil {
 		return proof{}, fmt.Errorf("%w: the first RDMA message between the peers failed: %w: is RoCE (UDP 4791) blocked or routed elsewhere?", ErrPathUnproven, err), nil

@@ -11,7 +11,10 @@ import "runtime"
 // whichever connection owns it, exactly as the goroutine would, so receive WQEs are
 // re-posted and credits and send completions accounted as usual, and its own data is
 // buffered by the time it looks again. Only then does it park. The goroutine remains for when nobody is waiting (WQEs must be
-// re-posted and credit returned whether or not the application reads).
+// re-posted and credit returned whether or not the application reads); while
+// waiters spin it stands by, polling nothing, and the last of them to stop nudges it
+// (poller.standBy, endSpin). So a waiter holds its slot only while it polls, never
+// across anything that may block.
 //
 // A parked waiter says so (readParked, writeParked, under mu), and completions signal
 // its channel only then: a spinning waiter finds the state itself, and a channel
@@ -37,7 +40,7 @@ func (s *spin) more() bool {
 	}
 	s.polls++
 	if s.polls == s.limit {
-		s.c.poll.spinners.Add(-1)
+		s.c.poll.endSpin()
 	}
 	return true
 }
@@ -49,7 +52,7 @@ func (s *spin) parking() bool { return s.begun && s.polls >= s.limit }
 // call starts afresh.
 func (s *spin) end() {
 	if s.begun && s.polls < s.limit {
-		s.c.poll.spinners.Add(-1)
+		s.c.poll.endSpin()
 	}
 	*s = spin{c: s.c}
 }
@@ -66,10 +69,23 @@ func (c *Conn) beginSpin() int {
 		return 0
 	}
 	if p.spinners.Add(1) > p.maxSpinners {
-		p.spinners.Add(-1)
+		p.endSpin()
 		return 0
 	}
 	return p.spin
+}
+
+// endSpin gives back a spinning slot. The last spinner to leave nudges the poller's
+// goroutine if it stands by (poller.standBy): from now on nobody else polls the CQ.
+// A waiter must give its slot back before anything that may block (a Read of the
+// reader ReadFrom copies from, say), since the goroutine stands by while it holds it.
+func (p *poller) endSpin() {
+	if p.spinners.Add(-1) == 0 && p.standby.Load() {
+		select {
+		case p.nudge <- struct{}{}:
+		default: // a nudge is pending already
+		}
+	}
 }
 
 // pollWaiting is one poll of a waiting Read or Write (see above). When it reaps

@@ -1,6 +1,7 @@
 package rdma
 
 import (
+	"io"
 	"testing"
 	"testing/synctest"
 
@@ -250,4 +251,50 @@ func TestSpinSlots(t *testing.T) {
 	require.False(t, d.more(), "spins with PollSpin off")
 	d.end()
 	require.Zero(t, slots())
+}
+
+// TestReadFromReadsWithoutSpinSlot: a ReadFrom that spun for room gives its slot back
+// before it reads from its reader, which may block for as long as it likes: the
+// poller's goroutine stands by while a slot is held.
+func TestReadFromReadsWithoutSpinSlot(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, cq, q := pollingConn(t, 4)
+		for range fakeSQDepth - 1 { // fill the send queue, as in TestWritePollsItself
+			_, err := c.Write([]byte{1})
+			require.NoError(t, err)
+		}
+		sends := q.posted()
+		last := -1
+		for i, wr := range sends {
+			if wr.Flags&verbs.SendSignaled != 0 {
+				last = i
+			}
+		}
+		require.GreaterOrEqual(t, last, 0, "no signaled send among %d", len(sends))
+		cq.push(verbs.WorkCompletion{WRID: sends[last].ID, QPN: q.qpn, Status: verbs.WCSuccess, Opcode: verbs.WCRDMAWrite})
+		r := &slotProbe{c: c, data: []byte("more")}
+		n, err := c.ReadFrom(r)
+		require.NoError(t, err)
+		require.Equal(t, int64(4), n)
+		require.Empty(t, cq.queue, "the completion that made room, reaped by ReadFrom's spin")
+		require.Equal(t, []int32{0, 0}, r.slots, "spinning slots held while ReadFrom read")
+	})
+}
+
+// slotProbe is a reader that records, at each Read, how many spinning slots its Conn's
+// poller has given out; it returns data, then io.EOF.
+type slotProbe struct {
+	c     *Conn
+	data  []byte
+	slots []int32
+}
+
+func (r *slotProbe) Read(p []byte) (int, error) {
+	r.slots = append(r.slots, r.c.poll.spinners.Load())
+	if len(r.data) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, r.data)
+	r.data = r.data[n:]
+	return n, nil
 }

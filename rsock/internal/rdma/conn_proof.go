@@ -134,6 +134,30 @@ func (c *Conn) SendProof(p []byte) error {
 // failed before it; [Conn.Proof] then says which.
 func (c *Conn) ProofDone() <-chan struct{} { return c.proof.done }
 
+// SpinProof polls the Conn's completion queue for the peer's proof, as a waiting Read
+// polls for its data (conn_poll.go): up to the poller's spin bound, yielding between
+// empty polls, then it gives up. It reports whether ProofDone is closed by then. A
+// caller that waits for the proof calls it first and blocks on ProofDone only when it
+// returns false: a proof that comes back within the spin is taken by the waiting
+// goroutine itself, without a hand-off from the poller's goroutine (which may have to
+// be woken for it first), and the caller needs no timer for that wait. Whatever else
+// it reaps it dispatches to its owners, as the poller would.
+func (c *Conn) SpinProof() bool {
+	s := spin{c: c}
+	defer s.end()
+	for {
+		select {
+		case <-c.proof.done:
+			return true
+		default:
+		}
+		if !s.more() {
+			return false
+		}
+		c.pollWaiting()
+	}
+}
+
 // Proof returns the peer's proof payload once ProofDone is closed; before, or when the
 // Conn failed first, an error (matching ErrNoProof, and the failure). The payload is
 // the Conn's own record, never written again once ProofDone is closed: the caller reads

@@ -158,3 +158,46 @@ func startPair(t testing.TB, a, b *Conn) {
 	a.Start()
 	b.Start()
 }
+
+// TestSpinProof: a wait for the peer's proof polls the CQ itself, within the poller's
+// spin, and takes the proof it finds (dispatching it as the poller would); without a
+// proof by the end of the spin, or with no spin at all, it leaves the wait to ProofDone;
+// a Conn that failed first ends it at once, without a poll. The spinning slot is given
+// back either way.
+func TestSpinProof(t *testing.T) {
+	proofWC := verbs.WorkCompletion{WRID: recvWRFlag | proofRecvIndex, QPN: 5, Status: verbs.WCSuccess, Opcode: verbs.WCRecv, ByteLen: 5}
+	for _, tc := range []struct {
+		name       string
+		spin       int
+		push       []verbs.WorkCompletion
+		failed     bool
+		want       bool
+		wantEmpty  uint64 // empty polls
+		wantQueued int    // completions left in the CQ
+	}{
+		{name: "proof in the CQ", spin: 4, push: []verbs.WorkCompletion{proofWC}, want: true},
+		{name: "no proof within the spin", spin: 4, want: false, wantEmpty: 4},
+		{name: "no spin", spin: 0, push: []verbs.WorkCompletion{proofWC}, want: false, wantQueued: 1},
+		{name: "failed first", spin: 4, failed: true, want: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, cq, _ := pollingConn(t, tc.spin)
+			copy(c.proofSlot, "hello")
+			cq.push(tc.push...)
+			if tc.failed {
+				c.mu.Lock()
+				c.failLocked(ErrQPFailed)
+				c.mu.Unlock()
+			}
+			require.Equal(t, tc.want, c.SpinProof(), "SpinProof with spin %d, %d completions queued", tc.spin, len(tc.push))
+			require.Equal(t, tc.wantEmpty, c.poll.emptied.Load(), "empty polls")
+			require.Len(t, cq.queue, tc.wantQueued, "completions left in the CQ")
+			require.Zero(t, c.poll.spinners.Load(), "spinning waiters after SpinProof")
+			if tc.want && !tc.failed {
+				p, err := c.Proof()
+				require.NoError(t, err)
+				require.Equal(t, "hello", string(p))
+			}
+		})
+	}
+}

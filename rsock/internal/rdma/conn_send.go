@@ -80,6 +80,7 @@ func (c *Conn) writeSome(p []byte, r io.Reader) (int, error) {
 			// stageTail, and wmu keeps them out. Then post all that was read.
 			buf := c.stageWindow(room)
 			c.mu.Unlock()
+			s.end() // r.Read may block: no spinning slot held meanwhile (endSpin)
 			m, rerr := r.Read(buf)
 			if err := c.postStaged(m); err != nil {
 				return 0, err

@@ -30,10 +30,10 @@ import (
 // QP and CQ errors need nothing here: they also reach the connection as failed
 // completions, which the poller dispatches.
 type deviceEvents struct {
-	provider verbs.Provider
-	cancel   context.CancelFunc
-	done     chan struct{}
-	counted  atomic.Bool // counted in listening
+	provider  verbs.Provider
+	listenCtx stopCtx // the listener's context, nil while it is not running
+	done      sync.WaitGroup
+	counted   atomic.Bool // counted in listening
 	// fatal is set by EventDeviceFatal: acquireDevice opens the device afresh rather
 	// than share this one, which its connections release as they close.
 	fatal atomic.Bool
@@ -60,9 +60,15 @@ func (e *deviceEvents) start(d *device) {
 	listening.Unlock()
 	e.provider = d.key.provider
 	e.counted.Store(true)
-	ctx, cancel := context.WithCancel(context.Background())
-	e.cancel, e.done = cancel, make(chan struct{})
-	go d.listen(ctx, e.done)
+	e.run(d)
+}
+
+// run starts the listener of d. The previous one has ended: pause and run are
+// serialized (by devices' lock, or the device being new), and pause waits for it.
+func (e *deviceEvents) run(d *device) {
+	e.listenCtx = newStopCtx()
+	e.done.Add(1)
+	go d.listen(e.listenCtx, &e.done)
 }
 
 // stop ends the listener and waits for it; the device's context must still be open.
@@ -75,21 +81,19 @@ func (e *deviceEvents) stop() {
 // the context queues its events meanwhile, and resume hands them to a new listener.
 // An idle device pauses (warm.go), so that it holds no goroutine.
 func (e *deviceEvents) pause() {
-	if e.cancel == nil {
+	if e.listenCtx == nil {
 		return
 	}
-	e.cancel()
-	<-e.done
-	e.cancel = nil
+	close(e.listenCtx)
+	e.done.Wait()
+	e.listenCtx = nil
 }
 
 // resume restarts the listener of d that pause ended, counting d in listening again
 // if it had stopped counting (its provider has no events).
 func (e *deviceEvents) resume(d *device) {
 	if e.counted.Load() {
-		ctx, cancel := context.WithCancel(context.Background())
-		e.cancel, e.done = cancel, make(chan struct{})
-		go d.listen(ctx, e.done)
+		e.run(d)
 		return
 	}
 	e.start(d)
@@ -108,8 +112,8 @@ func (e *deviceEvents) uncount() {
 }
 
 // listen handles d's events until ctx ends or the context closes.
-func (d *device) listen(ctx context.Context, done chan struct{}) {
-	defer close(done)
+func (d *device) listen(ctx context.Context, done *sync.WaitGroup) {
+	defer done.Done()
 	for {
 		ev, err := d.ctx.WaitAsyncEvent(ctx)
 		if err != nil {

@@ -56,9 +56,9 @@ type poller struct {
 
 	mu       sync.RWMutex
 	handlers map[uint32]completionHandler
-	reserved int   // CQ entries promised to attached QPs
-	err      error // sticky CQ failure
-	cancel   context.CancelFunc
+	reserved int     // CQ entries promised to attached QPs
+	err      error   // sticky CQ failure
+	stop     stopCtx // the goroutine's context, nil while it is not running
 	done     chan struct{}
 
 	// tok is the CQ's ownership token: whoever holds it polls the CQ and dispatches
@@ -79,6 +79,11 @@ type poller struct {
 	// Waiters spinning on the CQ (conn_poll.go), and how many may at once.
 	spinners    atomic.Int32
 	maxSpinners int32
+
+	// While waiters spin, the goroutine stands by (standby set) until the last one
+	// leaves and nudges it (endSpin): see run.
+	standby atomic.Bool
+	nudge   chan struct{} // cap 1
 }
 
 // caughtUpSince reports whether the poller has seen its CQ empty after the moment its
@@ -102,7 +107,7 @@ func newPoller(ctx verbs.Context, capacity, spin, vector int) (*poller, error) {
 		return nil, fmt.Errorf("create CQ of %d entries on completion vector %d: %w", capacity, vector, err)
 	}
 	return &poller{cq: cq, ch: ch, qpCQ: cq, spin: spin, capacity: capacity, handlers: make(map[uint32]completionHandler),
-		maxSpinners: int32(runtime.GOMAXPROCS(0))}, nil
+		maxSpinners: int32(runtime.GOMAXPROCS(0)), nudge: make(chan struct{}, 1)}, nil
 }
 
 // reserve claims entries CQ entries for a QP about to be created on this CQ. It fails
@@ -132,11 +137,9 @@ func (p *poller) attach(qpn uint32, h completionHandler) error {
 		return p.err
 	}
 	p.handlers[qpn] = h
-	if p.cancel == nil {
-		ctx, cancel := context.WithCancel(context.Background())
-		p.cancel = cancel
-		p.done = make(chan struct{})
-		go p.run(ctx, p.done)
+	if p.stop == nil {
+		p.stop, p.done = newStopCtx(), make(chan struct{})
+		go p.run(p.stop, p.done)
 	}
 	return nil
 }
@@ -148,9 +151,9 @@ func (p *poller) detach(qpn uint32) {
 	p.mu.Lock()
 	delete(p.handlers, qpn)
 	var done chan struct{}
-	if len(p.handlers) == 0 && p.cancel != nil {
-		p.cancel()
-		p.cancel = nil
+	if len(p.handlers) == 0 && p.stop != nil {
+		close(p.stop)
+		p.stop = nil
 		done = p.done
 	}
 	p.mu.Unlock()
@@ -190,6 +193,9 @@ func (p *poller) run(ctx context.Context, done chan struct{}) {
 			empty = 0
 			continue
 		}
+		if p.spinners.Load() > 0 && p.standBy(ctx) {
+			continue
+		}
 		if empty < p.spin {
 			empty++
 			runtime.Gosched()
@@ -220,6 +226,27 @@ func (p *poller) run(ctx context.Context, done chan struct{}) {
 		}
 		empty = 0
 	}
+}
+
+// standBy parks the goroutine while waiters spin on the CQ, and reports whether it did.
+// Their polls reap and dispatch for every connection, as the goroutine's would: its
+// own polls meanwhile would only contend with theirs for the token, the CQ and the
+// processors, which on soft puts about a tenth on a small round trip. Nor does it arm
+// the CQ and sleep, which would make the next completion raise an event and wake it
+// for nothing. The last waiter to stop spinning nudges it (endSpin); a waiter that
+// stops before the goroutine stands by is seen by the second look at spinners, since
+// standby is set before it (and endSpin decrements before it looks at standby).
+func (p *poller) standBy(ctx context.Context) bool {
+	p.standby.Store(true)
+	defer p.standby.Store(false)
+	if p.spinners.Load() == 0 {
+		return false
+	}
+	select {
+	case <-p.nudge:
+	case <-ctx.Done():
+	}
+	return true
 }
 
 // reap takes the token, polls one batch and dispatches it: the goroutine's poll. An

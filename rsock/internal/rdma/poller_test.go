@@ -118,7 +118,8 @@ func (r *recorder) got() ([]uint64, []error) {
 }
 
 func newFakePoller(cq *fakeCQ, capacity, spin int) *poller {
-	return &poller{cq: cq, ch: fakeEvents{cq}, spin: spin, capacity: capacity, handlers: make(map[uint32]completionHandler), maxSpinners: 2}
+	return &poller{cq: cq, ch: fakeEvents{cq}, spin: spin, capacity: capacity, handlers: make(map[uint32]completionHandler), maxSpinners: 2,
+		nudge: make(chan struct{}, 1)}
 }
 
 // TestPollerDispatchesByQPN checks that completions reach the handler of their QP, in
@@ -268,4 +269,43 @@ func TestPollersSpreadOverVectors(t *testing.T) {
 		require.NoError(t, ep.Abort())
 	}
 	requireReleased(t, p.Fabric)
+}
+
+// TestPollerStandsByWhileWaitersSpin: while a waiter holds a spinning slot, the
+// goroutine neither polls the CQ nor arms it (the waiter's polls serve everyone), and
+// the waiter that gives the last slot back nudges it into polling again.
+func TestPollerStandsByWhileWaitersSpin(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cq := newFakeCQ()
+		p := newFakePoller(cq, 64, 100)
+		a := &recorder{}
+		require.NoError(t, p.attach(1, a))
+		synctest.Wait() // asleep on the channel, the CQ armed
+		waiter := &Conn{poll: p}
+		require.Equal(t, 100, waiter.beginSpin(), "polls granted to the waiter")
+
+		cq.push(verbs.WorkCompletion{WRID: 1, QPN: 1}) // wakes the goroutine
+		synctest.Wait()
+		require.True(t, p.standby.Load(), "the goroutine stands by while a waiter spins")
+		cq.mu.Lock()
+		arms := cq.arms
+		cq.mu.Unlock()
+		cq.push(verbs.WorkCompletion{WRID: 2, QPN: 1})
+		synctest.Wait()
+		wa, _ := a.got()
+		require.Equal(t, []uint64{1}, wa, "dispatched while standing by")
+		cq.mu.Lock()
+		require.Len(t, cq.queue, 1, "completions left for the spinning waiter")
+		require.Equal(t, arms, cq.arms, "arms while standing by")
+		cq.mu.Unlock()
+
+		p.endSpin() // the last slot: the goroutine takes over
+		synctest.Wait()
+		wa, _ = a.got()
+		require.Equal(t, []uint64{1, 2}, wa, "dispatched once the waiter stopped spinning")
+		require.False(t, p.standby.Load(), "standing by with no waiter spinning")
+
+		p.detach(1)
+		require.NoError(t, p.close())
+	})
 }
