@@ -37,7 +37,7 @@ func (s *spin) more() bool {
 	}
 	s.polls++
 	if s.polls == s.limit {
-		s.c.poll.spinners.Add(-1)
+		s.c.poll.unspin()
 	}
 	return true
 }
@@ -49,7 +49,7 @@ func (s *spin) parking() bool { return s.begun && s.polls >= s.limit }
 // call starts afresh.
 func (s *spin) end() {
 	if s.begun && s.polls < s.limit {
-		s.c.poll.spinners.Add(-1)
+		s.c.poll.unspin()
 	}
 	*s = spin{c: s.c}
 }
@@ -66,7 +66,7 @@ func (c *Conn) beginSpin() int {
 		return 0
 	}
 	if p.spinners.Add(1) > p.maxSpinners {
-		p.spinners.Add(-1)
+		p.unspin()
 		return 0
 	}
 	return p.spin

@@ -76,9 +76,11 @@ type poller struct {
 	emptied atomic.Uint64
 	asleep  atomic.Bool
 
-	// Waiters spinning on the CQ (conn_poll.go), and how many may at once.
+	// Waiters spinning on the CQ (conn_poll.go), and how many may at once; spunOut
+	// wakes the goroutine that stepped aside for them (poller_aside.go).
 	spinners    atomic.Int32
 	maxSpinners int32
+	spunOut     chan struct{}
 }
 
 // caughtUpSince reports whether the poller has seen its CQ empty after the moment its
@@ -102,7 +104,7 @@ func newPoller(ctx verbs.Context, capacity, spin, vector int) (*poller, error) {
 		return nil, fmt.Errorf("create CQ of %d entries on completion vector %d: %w", capacity, vector, err)
 	}
 	return &poller{cq: cq, ch: ch, qpCQ: cq, spin: spin, capacity: capacity, handlers: make(map[uint32]completionHandler),
-		maxSpinners: int32(runtime.GOMAXPROCS(0))}, nil
+		maxSpinners: int32(runtime.GOMAXPROCS(0)), spunOut: make(chan struct{}, 1)}, nil
 }
 
 // reserve claims entries CQ entries for a QP about to be created on this CQ. It fails
@@ -187,6 +189,10 @@ func (p *poller) run(ctx context.Context, done chan struct{}) {
 			return
 		}
 		if n > 0 {
+			empty = 0
+			continue
+		}
+		if p.stepAside(ctx) {
 			empty = 0
 			continue
 		}

@@ -118,7 +118,8 @@ func (r *recorder) got() ([]uint64, []error) {
 }
 
 func newFakePoller(cq *fakeCQ, capacity, spin int) *poller {
-	return &poller{cq: cq, ch: fakeEvents{cq}, spin: spin, capacity: capacity, handlers: make(map[uint32]completionHandler), maxSpinners: 2}
+	return &poller{cq: cq, ch: fakeEvents{cq}, spin: spin, capacity: capacity, handlers: make(map[uint32]completionHandler), maxSpinners: 2,
+		spunOut: make(chan struct{}, 1)}
 }
 
 // TestPollerDispatchesByQPN checks that completions reach the handler of their QP, in
