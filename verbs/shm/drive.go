@@ -24,9 +24,10 @@ import (
 // polled) it polls the ring itself for a moment (armedSpin), then says it sleeps, looks
 // once more, and blocks on the socket. Arming a CQ (ReqNotify) says so for every ring
 // that feeds it, so that the next record rings the doorbell of a goroutine that then
-// completes into the armed CQ and raises its event. readLoop always says it sleeps;
-// responders ring its doorbell only for responses a requester asked to have at once
-// (reqNotify, wire.go).
+// completes into the armed CQ and raises its event. readLoop does the same with the
+// response ring while its send CQ is polled and no region query awaits its answer on
+// the socket, and otherwise says it sleeps; responders ring its doorbell only for
+// responses a requester asked to have at once (reqNotify, wire.go).
 //
 // Every yieldEvery-th empty Poll yields the processor (yieldCPU): an application
 // spinning on its CQ leaves the cores to the peer process, which fills it. A CQ fed by
@@ -163,13 +164,49 @@ func (pc *peerConn) drive() {
 	pc.mu.Unlock()
 }
 
-// announceSleep says, for an armed CQ, that the response ring's consumer sleeps.
+// announceSleep says, for an armed CQ, that the response ring's consumer sleeps, and
+// ends readLoop's lease.
 func (pc *peerConn) announceSleep() {
 	pc.mu.Lock()
 	if !pc.unmapped {
 		atomic.StoreUint32(pc.resp.sleep, 1)
 	}
 	pc.mu.Unlock()
+	pc.endLease()
+}
+
+// leasable reports whether readLoop may leave the response ring to the Polls of its
+// send CQ for a lease: they drive it (w), this is the QP's connection, and no region
+// query awaits its answer, which comes on the socket that a leased readLoop does not
+// read.
+func (pc *peerConn) leasable(w *pollWatch) bool {
+	return w.active() && pc.q.out.Load() == pc && !pc.querying.Load()
+}
+
+// waitLease sleeps for pollLease, or until endLease.
+func (pc *peerConn) waitLease(t *time.Timer) {
+	t.Reset(pollLease)
+	select {
+	case <-t.C:
+	case <-pc.wake:
+		t.Stop()
+	}
+}
+
+// endLease ends readLoop's lease, if it has one: the CQ was armed, a region query
+// went out, or the connection is ending.
+func (pc *peerConn) endLease() {
+	select {
+	case pc.wake <- struct{}{}:
+	default:
+	}
+}
+
+// expectRegion says a region query goes out: readLoop reads the socket until its
+// answer comes.
+func (pc *peerConn) expectRegion() {
+	pc.querying.Store(true)
+	pc.endLease()
 }
 
 // feeders returns the QPs whose rings the CQ's Poll drives, or nil if there are too
