@@ -6,8 +6,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // Who consumes the rings. A channel's request ring is consumed on the responder's side
@@ -29,10 +27,11 @@ import (
 // the socket, and otherwise says it sleeps; responders ring its doorbell only for
 // responses a requester asked to have at once (reqNotify, wire.go).
 //
-// Every yieldEvery-th empty Poll yields the processor (yieldCPU): an application
-// spinning on its CQ leaves the cores to the peer process, which fills it. A CQ fed by
-// more than maxDriven QPs (one CQ serving many connections) is not driven: its rings
-// go through the goroutines and doorbells only.
+// Every empty Poll yields the processor (yieldCPU, yield.go), or every eighth one on a
+// host whose cores are contended: an application spinning on its CQ leaves the cores
+// to the peer process, which fills it. A CQ fed by more than maxDriven QPs (one CQ
+// serving many connections) is not driven: its rings go through the goroutines and
+// doorbells only.
 
 // pollLease is how long serve sleeps without a doorbell while its CQ is being polled.
 const pollLease = time.Millisecond
@@ -40,8 +39,9 @@ const pollLease = time.Millisecond
 // armedSpin is how long serve polls its ring, yielding, before it sleeps on the socket.
 const armedSpin = 30 * time.Microsecond
 
-// yieldEvery is how often (in polls) an empty Poll yields the processor.
-const yieldEvery = 8
+// yieldEvery is how often (in polls) an empty Poll calls yieldCPU: every time, which
+// decides (yield.go).
+const yieldEvery = 1
 
 // maxDriven bounds the QPs a CQ's Poll drives: a CQ fed by more leaves them to their
 // goroutines rather than visit every one on every poll.
@@ -314,8 +314,3 @@ func spinArmed(prod *uint64, pos uint64) bool {
 		yieldCPU()
 	}
 }
-
-// yieldCPU gives the processor to any other thread of the host that wants it
-// (sched_yield): a poller of an empty ring or CQ waits for the peer process, which may
-// need this very core to fill it. When nothing else runs, it returns at once.
-func yieldCPU() { unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }
