@@ -301,7 +301,9 @@ func (w *pollWatch) active() bool {
 // spinArmed watches the producer cursor prod of a ring for up to armedSpin, yielding
 // the processor between looks, before serve sleeps for want of requests; it reports
 // whether the cursor moved from pos. A request/response exchange whose next request
-// comes within it costs no doorbell and no wake-up of this goroutine.
+// comes within it costs no doorbell and no wake-up of this goroutine. It yields at
+// every look whatever the host (host.yield, not yieldCPU's policy): it is bounded in
+// time, not in looks, and no Gosched stands between them.
 func spinArmed(prod *uint64, pos uint64) bool {
 	start := time.Now()
 	for i := 1; ; i++ {
@@ -311,6 +313,6 @@ func spinArmed(prod *uint64, pos uint64) bool {
 		if i%16 == 0 && time.Since(start) > armedSpin {
 			return false
 		}
-		yieldCPU()
+		host.yield()
 	}
 }
