@@ -41,6 +41,11 @@ type peerConn struct {
 	bell bell
 	skip int // responses still to come for requests abandoned by a rewind
 
+	// readLoop's lease while Polls drain the response ring (drive.go): wake ends it,
+	// and querying (a region query awaits its answer on the socket) forbids it.
+	wake     chan struct{}
+	querying atomic.Bool
+
 	// mu guards the consumption of the response ring, by readLoop or a Poll of the send
 	// CQ (drive.go), and the mapping: readLoop unmaps it, last, under mu.
 	mu       sync.Mutex
@@ -91,7 +96,7 @@ func dialPeer(q *QP) (*peerConn, error) {
 		return nil, err
 	}
 	pc := &peerConn{c: c, q: q, regions: map[uint32]*peerRegion{}, ch: ch,
-		req: ch.requestRing(), resp: ch.responseRing(), bell: b}
+		req: ch.requestRing(), resp: ch.responseRing(), bell: b, wake: make(chan struct{}, 1)}
 	hello := msg{kind: msgHello, srcQPN: q.qpn, dstQPN: q.sq.destQPN, srcGID: q.sq.sgid}
 	if err := pc.send(hello.encode(make([]byte, 0, helloLen)), fd); err != nil {
 		ch.unmap()
@@ -105,6 +110,9 @@ func dialPeer(q *QP) (*peerConn, error) {
 // push publishes a record in the request ring and rings the responder's doorbell if it
 // sleeps. It reports false if the ring is full.
 func (pc *peerConn) push(rec []byte) (bool, error) {
+	if rec[0] == msgMRQuery {
+		pc.expectRegion()
+	}
 	ok, wake, err := pc.req.push(rec, true)
 	if wake {
 		pc.bell.ring()
@@ -165,6 +173,7 @@ func (pc *peerConn) addRegion(m *msg, fd int) error {
 func (pc *peerConn) fail(error) {
 	pc.dead.Store(true)
 	pc.c.Close()
+	pc.endLease()
 }
 
 // forgetRegions unmaps the regions, to be asked for again.
@@ -180,6 +189,7 @@ func (pc *peerConn) close() {
 	pc.once.Do(func() {
 		pc.dead.Store(true)
 		pc.c.Close()
+		pc.endLease()
 		pc.forgetRegions()
 	})
 }
@@ -192,24 +202,38 @@ func unmap(mem []byte) {
 
 // readLoop reads the responses of the destination QP from the channel, when no Poll
 // does, and regions and doorbells from the socket, until the connection ends; then it
-// unmaps the channel. It always says when it sleeps: a response that asks for a
-// doorbell (reqNotify) wakes it even while Polls drain the ring, since it is on the
-// socket that regions come.
+// unmaps the channel. While its send CQ is being polled, and not armed, and no region
+// query awaits its answer, it leaves the response ring to the polls for a lease, as
+// serve does its request ring (drive.go), without saying it sleeps: the responder then
+// rings no doorbell for the responses a requester asks to have at once. Otherwise it
+// says when it sleeps, and blocks on the socket.
 func (pc *peerConn) readLoop() {
 	r, err := newMsgReader(pc.c, regionLen+1, unix.CmsgSpace(4*4))
+	watch := pollWatch{cq: pc.q.sendCQ}
+	lease := time.NewTimer(pollLease)
+	defer lease.Stop()
 	for err == nil && !pc.dead.Load() {
 		pc.mu.Lock()
 		var got int
 		got, err = pc.drainLocked()
-		sleep := false
+		sleep, leased := false, false
 		if err == nil && got == 0 {
-			atomic.StoreUint32(pc.resp.sleep, 1)
-			if sleep = !pc.resp.pending(); !sleep { // published before the word was seen
-				atomic.StoreUint32(pc.resp.sleep, 0)
+			if leased = pc.leasable(&watch); !leased {
+				atomic.StoreUint32(pc.resp.sleep, 1)
+				if sleep = !pc.resp.pending(); !sleep { // published before the word was seen
+					atomic.StoreUint32(pc.resp.sleep, 0)
+				}
 			}
 		}
 		pc.mu.Unlock()
-		if err != nil || !sleep {
+		if err != nil {
+			continue
+		}
+		if leased {
+			pc.waitLease(lease)
+			continue
+		}
+		if !sleep {
 			continue
 		}
 		var n, oobn, flags int
@@ -236,6 +260,7 @@ func (pc *peerConn) readLoop() {
 		switch m.kind {
 		case msgDoorbell:
 		case msgRegion:
+			pc.querying.Store(false)
 			pc.q.onRegion(pc, &m, fd)
 		default:
 			err = errMalformed

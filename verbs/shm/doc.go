@@ -54,9 +54,11 @@
 // peer process that should fill it. A goroutine per connection end covers the rest and
 // sleeps in the netpoller on the socket: it says so in the channel first, and the peer
 // that publishes a record for a sleeping consumer rings its doorbell, a one-byte
-// datagram. Arming a CQ says so for every ring that feeds it. Responses wake a sleeping
-// requester only when it asked (a signaled WR, a READ, a pipeline filling up) or when
-// they are not plain acknowledgements.
+// datagram; while the CQ a ring feeds is being polled, and not armed, its goroutine
+// leaves the ring to the polls and does not say it sleeps, so nothing rings. Arming a
+// CQ says so for every ring that feeds it. Responses wake a sleeping requester only
+// when it asked (a signaled WR, a READ, a pipeline filling up) or when they are not
+// plain acknowledgements.
 //
 // In shared memory are payload bytes, the channel's records and its cursors, nothing
 // else: a peer that scribbles over a region it was given can change only the bytes of

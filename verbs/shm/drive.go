@@ -6,8 +6,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // Who consumes the rings. A channel's request ring is consumed on the responder's side
@@ -24,14 +22,16 @@ import (
 // polled) it polls the ring itself for a moment (armedSpin), then says it sleeps, looks
 // once more, and blocks on the socket. Arming a CQ (ReqNotify) says so for every ring
 // that feeds it, so that the next record rings the doorbell of a goroutine that then
-// completes into the armed CQ and raises its event. readLoop always says it sleeps;
-// responders ring its doorbell only for responses a requester asked to have at once
-// (reqNotify, wire.go).
+// completes into the armed CQ and raises its event. readLoop does the same with the
+// response ring while its send CQ is polled and no region query awaits its answer on
+// the socket, and otherwise says it sleeps; responders ring its doorbell only for
+// responses a requester asked to have at once (reqNotify, wire.go).
 //
-// Every yieldEvery-th empty Poll yields the processor (yieldCPU): an application
-// spinning on its CQ leaves the cores to the peer process, which fills it. A CQ fed by
-// more than maxDriven QPs (one CQ serving many connections) is not driven: its rings
-// go through the goroutines and doorbells only.
+// Every empty Poll yields the processor (yieldCPU, yield.go), or every eighth one on a
+// host whose cores are contended: an application spinning on its CQ leaves the cores
+// to the peer process, which fills it. A CQ fed by more than maxDriven QPs (one CQ
+// serving many connections) is not driven: its rings go through the goroutines and
+// doorbells only.
 
 // pollLease is how long serve sleeps without a doorbell while its CQ is being polled.
 const pollLease = time.Millisecond
@@ -39,8 +39,9 @@ const pollLease = time.Millisecond
 // armedSpin is how long serve polls its ring, yielding, before it sleeps on the socket.
 const armedSpin = 30 * time.Microsecond
 
-// yieldEvery is how often (in polls) an empty Poll yields the processor.
-const yieldEvery = 8
+// yieldEvery is how often (in polls) an empty Poll calls yieldCPU: every time, which
+// decides (yield.go).
+const yieldEvery = 1
 
 // maxDriven bounds the QPs a CQ's Poll drives: a CQ fed by more leaves them to their
 // goroutines rather than visit every one on every poll.
@@ -163,13 +164,49 @@ func (pc *peerConn) drive() {
 	pc.mu.Unlock()
 }
 
-// announceSleep says, for an armed CQ, that the response ring's consumer sleeps.
+// announceSleep says, for an armed CQ, that the response ring's consumer sleeps, and
+// ends readLoop's lease.
 func (pc *peerConn) announceSleep() {
 	pc.mu.Lock()
 	if !pc.unmapped {
 		atomic.StoreUint32(pc.resp.sleep, 1)
 	}
 	pc.mu.Unlock()
+	pc.endLease()
+}
+
+// leasable reports whether readLoop may leave the response ring to the Polls of its
+// send CQ for a lease: they drive it (w), this is the QP's connection, and no region
+// query awaits its answer, which comes on the socket that a leased readLoop does not
+// read.
+func (pc *peerConn) leasable(w *pollWatch) bool {
+	return w.active() && pc.q.out.Load() == pc && !pc.querying.Load()
+}
+
+// waitLease sleeps for pollLease, or until endLease.
+func (pc *peerConn) waitLease(t *time.Timer) {
+	t.Reset(pollLease)
+	select {
+	case <-t.C:
+	case <-pc.wake:
+		t.Stop()
+	}
+}
+
+// endLease ends readLoop's lease, if it has one: the CQ was armed, a region query
+// went out, or the connection is ending.
+func (pc *peerConn) endLease() {
+	select {
+	case pc.wake <- struct{}{}:
+	default:
+	}
+}
+
+// expectRegion says a region query goes out: readLoop reads the socket until its
+// answer comes.
+func (pc *peerConn) expectRegion() {
+	pc.querying.Store(true)
+	pc.endLease()
 }
 
 // feeders returns the QPs whose rings the CQ's Poll drives, or nil if there are too
@@ -264,7 +301,9 @@ func (w *pollWatch) active() bool {
 // spinArmed watches the producer cursor prod of a ring for up to armedSpin, yielding
 // the processor between looks, before serve sleeps for want of requests; it reports
 // whether the cursor moved from pos. A request/response exchange whose next request
-// comes within it costs no doorbell and no wake-up of this goroutine.
+// comes within it costs no doorbell and no wake-up of this goroutine. It yields at
+// every look whatever the host (host.yield, not yieldCPU's policy): it is bounded in
+// time, not in looks, and no Gosched stands between them.
 func spinArmed(prod *uint64, pos uint64) bool {
 	start := time.Now()
 	for i := 1; ; i++ {
@@ -274,11 +313,6 @@ func spinArmed(prod *uint64, pos uint64) bool {
 		if i%16 == 0 && time.Since(start) > armedSpin {
 			return false
 		}
-		yieldCPU()
+		host.yield()
 	}
 }
-
-// yieldCPU gives the processor to any other thread of the host that wants it
-// (sched_yield): a poller of an empty ring or CQ waits for the peer process, which may
-// need this very core to fill it. When nothing else runs, it returns at once.
-func yieldCPU() { unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }

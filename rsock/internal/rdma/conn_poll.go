@@ -90,9 +90,14 @@ func (p *poller) endSpin() {
 
 // pollWaiting is one poll of a waiting Read or Write (see above). When it reaps
 // nothing, because the CQ was empty or someone else holds the token, it yields the
-// processor: on a loaded machine the peer, or whoever polls, may need it.
+// processor: on a loaded machine the peer, or whoever polls, may need it. An empty
+// poll of a CQ that yielded by itself (poller.yields) is not followed by a Gosched.
 func (c *Conn) pollWaiting() {
-	if c.poll == nil || c.poll.pollFor(c.qp.QPN(), c) <= 0 {
+	if c.poll == nil {
+		runtime.Gosched()
+		return
+	}
+	if n := c.poll.pollFor(c.qp.QPN(), c); n < 0 || (n == 0 && !c.poll.yields()) {
 		runtime.Gosched()
 	}
 }

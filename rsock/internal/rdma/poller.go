@@ -52,6 +52,7 @@ type poller struct {
 	ch       completionEvents // where it sleeps
 	qpCQ     verbs.CQ         // the same CQ as the provider's object, for QPs created on it
 	spin     int              // empty polls before sleeping
+	yielder  pollYielder      // cq's, if its empty polls may yield the processor (poller_yield.go)
 	capacity int              // CQ entries; attach refuses QPs whose queues would not fit
 
 	mu       sync.RWMutex
@@ -106,7 +107,7 @@ func newPoller(ctx verbs.Context, capacity, spin, vector int) (*poller, error) {
 		ch.Close()
 		return nil, fmt.Errorf("create CQ of %d entries on completion vector %d: %w", capacity, vector, err)
 	}
-	return &poller{cq: cq, ch: ch, qpCQ: cq, spin: spin, capacity: capacity, handlers: make(map[uint32]completionHandler),
+	return &poller{cq: cq, ch: ch, qpCQ: cq, spin: spin, yielder: cqYielder(cq), capacity: capacity, handlers: make(map[uint32]completionHandler),
 		maxSpinners: int32(runtime.GOMAXPROCS(0)), nudge: make(chan struct{}, 1)}, nil
 }
 
@@ -194,11 +195,14 @@ func (p *poller) run(ctx context.Context, done chan struct{}) {
 			continue
 		}
 		if p.spinners.Load() > 0 && p.standBy(ctx) {
+			empty = 0
 			continue
 		}
 		if empty < p.spin {
 			empty++
-			runtime.Gosched()
+			if !p.yields() {
+				runtime.Gosched()
+			}
 			continue
 		}
 		if err := p.cq.ReqNotify(false); err != nil {
