@@ -84,14 +84,9 @@ func (q *QP) copyInlineLocked(e *wqe) error {
 			b, ok = m.slice(s.Addr, s.Length)
 		}
 		if !ok {
-			for _, m := range q.dev.mrs {
-				if b, ok = m.slice(s.Addr, s.Length); ok {
-					break
-				}
+			if _, b = q.dev.mrs.ByAddr(s.Addr, s.Length); b == nil {
+				return postErrs.InlineMemory
 			}
-		}
-		if !ok {
-			return postErrs.InlineMemory
 		}
 		buf = append(buf, b...)
 	}
@@ -369,7 +364,7 @@ func (q *QP) resolveLocalLocked(e *wqe) verbs.WCStatus {
 		e.length = uint32(len(e.inline))
 		return verbs.WCSuccess
 	}
-	vec, n, st := rc.ResolveLocal(q.dev, &q.pd.refs, e.sgl, e.op == verbs.OpRDMARead, vec)
+	vec, n, st := rc.ResolveLocal(&q.dev.mrs, &q.pd.refs, e.sgl, e.op == verbs.OpRDMARead, vec)
 	if st != verbs.WCSuccess {
 		return st
 	}

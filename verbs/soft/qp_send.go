@@ -105,11 +105,11 @@ func (q *QP) copyInlineLocked(e *wqe) error {
 	for _, s := range e.sgl {
 		var b []byte
 		ok := false
-		if m := q.dev.mrs.lookup(s.LKey); m != nil {
-			b, ok = m.slice(s.Addr, s.Length)
+		if r := q.dev.mrs.Lookup(s.LKey); r != nil {
+			b, ok = r.Slice(s.Addr, s.Length)
 		}
 		if !ok {
-			if _, b = q.dev.mrs.byAddr(s.Addr, s.Length); b == nil {
+			if _, b = q.dev.mrs.ByAddr(s.Addr, s.Length); b == nil {
 				return postErrs.InlineMemory
 			}
 		}
