@@ -53,6 +53,9 @@ func (q *QP) postSendLocked(w *verbs.SendWR) error {
 		rnrLeft: q.sq.rnrRetry, retryLeft: q.sq.retry,
 	}
 	if w.Flags&verbs.SendInline != 0 {
+		if err := postErrs.CheckInline(&q.caps, w.Opcode, w.SGL); err != nil {
+			return err
+		}
 		if err := q.copyInlineLocked(&e); err != nil {
 			return err
 		}
@@ -70,7 +73,7 @@ func (q *QP) postSendLocked(w *verbs.SendWR) error {
 	return nil
 }
 
-// copyInlineLocked copies an inline WR's payload, which CheckPostSend has checked, at
+// copyInlineLocked copies an inline WR's payload, which CheckInline has checked, at
 // post time. As with verbs/soft, the
 // bytes must lie in memory registered on this device.
 func (q *QP) copyInlineLocked(e *wqe) error {
