@@ -188,7 +188,8 @@ func (m *MR) Close() error {
 // d.mrMu for reading for as long as it uses the region's memory.
 func (d *device) lookupMRLocked(key uint32) *MR {
 	if r := d.mrs.Lookup(key); r != nil {
-		return r.Owner.(*MR)
+		m, _ := r.Owner.(*MR) // every region of d is an *MR's (RegMR)
+		return m
 	}
 	return nil
 }
