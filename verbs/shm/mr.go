@@ -57,11 +57,16 @@ func (p *PD) RegMR(length int, access verbs.AccessFlags) (verbs.MR, error) {
 		Addr:   uint64(uintptr(unsafe.Pointer(unsafe.SliceData(mem)))),
 		Access: access,
 	}}
-	d.mrMu.Lock()
-	d.nextKey++
-	m.key = d.nextKey // never reused: a stale key names nothing
-	d.mrs[m.key] = m
-	d.mrMu.Unlock()
+	m.reg.Owner = m
+	key, err := d.mrs.Insert(&m.reg) // never reused: a stale key names nothing
+	if err != nil {
+		unix.Munmap(mem)
+		unix.Close(fd)
+		p.refs.Release()
+		d.nMR.Add(-1)
+		return nil, fmt.Errorf("shm: register MR: %w", err)
+	}
+	m.key = key
 	return m, nil
 }
 
@@ -167,9 +172,7 @@ func (m *MR) Close() error {
 	if !m.closed.CompareAndSwap(false, true) {
 		return fmt.Errorf("shm: deregister MR: %w", verbs.ErrClosed)
 	}
-	m.dev.mrMu.Lock()
-	delete(m.dev.mrs, m.key)
-	m.dev.mrMu.Unlock()
+	m.dev.mrs.Remove(m.key)
 	// A request already past its checks may be copying: keep the mapping until no
 	// responder holds the device's region table, as a DMA under way finishes.
 	m.dev.mrMu.Lock()
@@ -181,17 +184,12 @@ func (m *MR) Close() error {
 	return nil
 }
 
-// lookupMR returns the live region whose key is key, or nil. The caller holds d.mrMu
-// for reading for as long as it uses the region's memory.
+// lookupMRLocked returns the live region whose key is key, or nil. The caller holds
+// d.mrMu for reading for as long as it uses the region's memory.
 func (d *device) lookupMRLocked(key uint32) *MR {
-	return d.mrs[key]
-}
-
-// LookupRegion returns the RC core of the live region whose key is key, or nil
-// ([rc.Keys]). The caller holds d.mrMu for reading.
-func (d *device) LookupRegion(key uint32) *rc.Region {
-	if m := d.mrs[key]; m != nil {
-		return &m.reg
+	if r := d.mrs.Lookup(key); r != nil {
+		m, _ := r.Owner.(*MR) // every region of d is an *MR's (RegMR)
+		return m
 	}
 	return nil
 }

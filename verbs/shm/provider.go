@@ -88,9 +88,10 @@ type device struct {
 	qpMu sync.RWMutex
 	qps  map[uint32]*QP // the device's live QPs
 
-	mrMu    sync.RWMutex
-	mrs     map[uint32]*MR
-	nextKey uint32
+	// mrMu is held for reading while a region's memory is in use, so that
+	// deregistering waits for those uses before it unmaps the memory.
+	mrMu sync.RWMutex
+	mrs  rc.KeyTable // the live regions; never gives a key twice, as a peer may hold one
 
 	nQP, nCQ, nMR atomic.Int64
 
@@ -120,10 +121,11 @@ func New(opts Options) (*Provider, error) {
 
 func newDevice(p *Provider, i int, port verbs.PortAttr) *device {
 	d := &device{
-		p:   p,
-		qps: map[uint32]*QP{}, mrs: map[uint32]*MR{},
+		p:        p,
+		qps:      map[uint32]*QP{},
 		contexts: map[*Context]struct{}{},
 	}
+	d.mrs.NeverReuse()
 	var guid [8]byte
 	rand.Read(guid[:])
 	d.attr = verbs.DeviceAttr{

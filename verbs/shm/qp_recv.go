@@ -129,14 +129,14 @@ func errResponse(st verbs.WCStatus) msg {
 // must allow it, and the key must name a region of this QP's PD that allows it and holds
 // every byte. A zero-length access checks neither key nor address.
 func (q *QP) remoteOKLocked(m *msg, need verbs.AccessFlags) bool {
-	_, ok := rc.CheckRemote(q.dev, &q.pd.refs, q.rq.access, need, m.rkey, m.addr, m.length)
+	_, ok := rc.CheckRemote(&q.dev.mrs, &q.pd.refs, q.rq.access, need, m.rkey, m.addr, m.length)
 	return ok
 }
 
 // resolveRecvLocked checks that receive WQE w can take n bytes and resolves its buffers
 // into q.rq.vec.
 func (q *QP) resolveRecvLocked(w *rc.RecvWQE, n uint32) verbs.WCStatus {
-	vec, st := rc.ResolveRecv(q.dev, &q.pd.refs, w.SGL, n, q.rq.vec[:0])
+	vec, st := rc.ResolveRecv(&q.dev.mrs, &q.pd.refs, w.SGL, n, q.rq.vec[:0])
 	if st == verbs.WCSuccess {
 		q.rq.vec = vec
 	}

@@ -53,6 +53,9 @@ func (q *QP) postSendLocked(w *verbs.SendWR) error {
 		rnrLeft: q.sq.rnrRetry, retryLeft: q.sq.retry,
 	}
 	if w.Flags&verbs.SendInline != 0 {
+		if err := postErrs.CheckInline(&q.caps, w.Opcode, w.SGL); err != nil {
+			return err
+		}
 		if err := q.copyInlineLocked(&e); err != nil {
 			return err
 		}
@@ -70,7 +73,7 @@ func (q *QP) postSendLocked(w *verbs.SendWR) error {
 	return nil
 }
 
-// copyInlineLocked copies an inline WR's payload, which CheckPostSend has checked, at
+// copyInlineLocked copies an inline WR's payload, which CheckInline has checked, at
 // post time. As with verbs/soft, the
 // bytes must lie in memory registered on this device.
 func (q *QP) copyInlineLocked(e *wqe) error {
@@ -84,14 +87,9 @@ func (q *QP) copyInlineLocked(e *wqe) error {
 			b, ok = m.slice(s.Addr, s.Length)
 		}
 		if !ok {
-			for _, m := range q.dev.mrs {
-				if b, ok = m.slice(s.Addr, s.Length); ok {
-					break
-				}
+			if _, b = q.dev.mrs.ByAddr(s.Addr, s.Length); b == nil {
+				return postErrs.InlineMemory
 			}
-		}
-		if !ok {
-			return postErrs.InlineMemory
 		}
 		buf = append(buf, b...)
 	}
@@ -369,7 +367,7 @@ func (q *QP) resolveLocalLocked(e *wqe) verbs.WCStatus {
 		e.length = uint32(len(e.inline))
 		return verbs.WCSuccess
 	}
-	vec, n, st := rc.ResolveLocal(q.dev, &q.pd.refs, e.sgl, e.op == verbs.OpRDMARead, vec)
+	vec, n, st := rc.ResolveLocal(&q.dev.mrs, &q.pd.refs, e.sgl, e.op == verbs.OpRDMARead, vec)
 	if st != verbs.WCSuccess {
 		return st
 	}

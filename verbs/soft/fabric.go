@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 
 	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/internal/rc"
 )
 
 // Default device limits, used for every zero field of [Limits].
@@ -20,7 +21,7 @@ const (
 	DefaultMaxInline = 256
 
 	// maxMRLimit bounds Limits.MaxMR: the key table has room for this many regions.
-	maxMRLimit = mrChunks*mrChunkSize - 1
+	maxMRLimit = rc.MaxKeyIndexes
 )
 
 // Limits are the capacities every device of a [Fabric] reports in its [verbs.DeviceAttr]
@@ -105,7 +106,7 @@ type device struct {
 	index int
 	attr  verbs.DeviceAttr // immutable; Ports[0].GIDs lists the GIDs that reach it
 
-	mrs mrTable
+	mrs rc.KeyTable
 
 	qpMu    sync.RWMutex
 	qps     map[uint32]*QP

@@ -1,7 +1,6 @@
 package soft
 
 import (
-	"bytes"
 	"testing"
 	"time"
 
@@ -104,42 +103,6 @@ func TestCopyHelpers(t *testing.T) {
 				t.Errorf("%s: scatter = %q, want %q", tc.name, out, tc.wantBytes)
 			}
 		}
-	}
-}
-
-func TestMRTable(t *testing.T) {
-	var tab mrTable
-	if tab.lookup(0) != nil || tab.lookup(0xffffffff) != nil {
-		t.Fatal("lookup in an empty table found a region")
-	}
-	a := &MR{reg: rc.Region{Addr: 1 << 32, Buf: make([]byte, 100)}}
-	ka := tab.insert(a)
-	if ka == 0 || tab.lookup(ka) != a {
-		t.Fatalf("lookup(%#x) after insert = %p, want %p", ka, tab.lookup(ka), a)
-	}
-	tab.remove(ka)
-	if tab.lookup(ka) != nil {
-		t.Fatalf("lookup(%#x) after remove found a region", ka)
-	}
-	b := &MR{reg: rc.Region{Addr: 2 << 32, Buf: make([]byte, 100)}}
-	kb := tab.insert(b)
-	if kb>>8 != ka>>8 || kb == ka {
-		t.Errorf("reused index: keys %#x then %#x, want same index, new generation", ka, kb)
-	}
-	if tab.lookup(ka) != nil {
-		t.Errorf("stale key %#x names the new region", ka)
-	}
-	if m, s := tab.byAddr(b.reg.Addr+10, 20); m != b || !bytes.Equal(s, b.reg.Buf[10:30]) {
-		t.Errorf("byAddr inside b = %p, want %p", m, b)
-	}
-	if m, _ := tab.byAddr(b.reg.Addr+90, 20); m != nil {
-		t.Errorf("byAddr across b's end found %p", m)
-	}
-	for range 3000 { // spans several chunks
-		tab.insert(&MR{})
-	}
-	if tab.lookup(kb) != b {
-		t.Error("growing the table lost a region")
 	}
 }
 

@@ -2,7 +2,6 @@ package soft
 
 import (
 	"fmt"
-	"sync"
 	"sync/atomic"
 
 	"github.com/rsockio/rsock/verbs"
@@ -52,7 +51,13 @@ func (p *PD) RegMR(length int, access verbs.AccessFlags) (verbs.MR, error) {
 			Access: access,
 		},
 	}
-	d.mrs.insert(m)
+	key, err := d.mrs.Insert(&m.reg)
+	if err != nil {
+		p.refs.Release()
+		d.nMR.Add(-1)
+		return nil, fmt.Errorf("soft: register MR: %w", err)
+	}
+	m.key = key
 	d.fab.live.mrs.Add(1)
 	return m, nil
 }
@@ -78,7 +83,7 @@ func (m *MR) Close() error {
 	if !m.closed.CompareAndSwap(false, true) {
 		return fmt.Errorf("soft: deregister MR: %w", verbs.ErrClosed)
 	}
-	m.dev.mrs.remove(m.key)
+	m.dev.mrs.Remove(m.key)
 	m.dev.nMR.Add(-1)
 	m.pd.refs.Release()
 	m.dev.fab.live.mrs.Add(-1)
@@ -87,108 +92,3 @@ func (m *MR) Close() error {
 
 // slice returns the bytes [addr, addr+n) of m, or false if they are not all inside m.
 func (m *MR) slice(addr uint64, n uint32) ([]byte, bool) { return m.reg.Slice(addr, n) }
-
-// The key table maps a key to its region without locks or allocation: a key is a table
-// index (high 24 bits) and a generation (low 8 bits) that changes each time the index is
-// reused, so a stale key fails the lookup. Index 0 is never used, so key 0 names nothing.
-const (
-	mrChunkBits = 10
-	mrChunkSize = 1 << mrChunkBits
-	mrChunks    = 1 << 10
-)
-
-type mrChunk [mrChunkSize]atomic.Pointer[MR]
-
-type mrTable struct {
-	chunks [mrChunks]atomic.Pointer[mrChunk]
-
-	mu   sync.Mutex // guards the fields below; lookups don't take it
-	free []uint32   // released indexes
-	next uint32     // next never-used index
-	gen  []uint8    // generation of each used index
-}
-
-// insert gives m a fresh key, stores it under that key and returns the key. The caller has reserved room within
-// the device's MR limit, which is below the table's capacity.
-func (t *mrTable) insert(m *MR) uint32 {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	var idx uint32
-	if n := len(t.free); n > 0 {
-		idx = t.free[n-1]
-		t.free = t.free[:n-1]
-		t.gen[idx]++
-	} else {
-		if t.next == 0 {
-			t.next = 1
-			t.gen = append(t.gen, 0)
-		}
-		idx = t.next
-		t.next++
-		t.gen = append(t.gen, 0)
-	}
-	c := t.chunks[idx>>mrChunkBits].Load()
-	if c == nil {
-		c = new(mrChunk)
-		t.chunks[idx>>mrChunkBits].Store(c)
-	}
-	m.key = idx<<8 | uint32(t.gen[idx])
-	c[idx&(mrChunkSize-1)].Store(m) // publishes m, key included, to lookups
-	return m.key
-}
-
-func (t *mrTable) remove(key uint32) {
-	idx := key >> 8
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if c := t.chunks[idx>>mrChunkBits].Load(); c != nil {
-		c[idx&(mrChunkSize-1)].Store(nil)
-		t.free = append(t.free, idx)
-	}
-}
-
-// lookup returns the live region whose key is key, or nil.
-func (t *mrTable) lookup(key uint32) *MR {
-	idx := key >> 8
-	if idx>>mrChunkBits >= mrChunks {
-		return nil
-	}
-	c := t.chunks[idx>>mrChunkBits].Load()
-	if c == nil {
-		return nil
-	}
-	m := c[idx&(mrChunkSize-1)].Load()
-	if m == nil || m.key != key {
-		return nil
-	}
-	return m
-}
-
-// LookupRegion returns the RC core of the live region whose key is key, or nil
-// ([rc.Keys]).
-func (t *mrTable) LookupRegion(key uint32) *rc.Region {
-	if m := t.lookup(key); m != nil {
-		return &m.reg
-	}
-	return nil
-}
-
-// byAddr returns a live region holding [addr, addr+n). It scans the table: only inline
-// sends whose SGE names no matching key use it.
-func (t *mrTable) byAddr(addr uint64, n uint32) (*MR, []byte) {
-	t.mu.Lock()
-	limit := t.next
-	t.mu.Unlock()
-	for idx := uint32(1); idx < limit; idx++ {
-		c := t.chunks[idx>>mrChunkBits].Load()
-		if c == nil {
-			continue
-		}
-		if m := c[idx&(mrChunkSize-1)].Load(); m != nil {
-			if b, ok := m.slice(addr, n); ok {
-				return m, b
-			}
-		}
-	}
-	return nil, nil
-}

@@ -65,7 +65,11 @@ func (q *QP) acceptsLocked(r *QP) bool {
 // caller holds r.sq.mu and q.rq.mu; r.sq.vec holds the request's local buffers. It
 // returns the status for the requester, or rnr when a receive WQE was needed and none was
 // posted. Responder-side errors complete the receive WQE in error and move this QP to
-// ERROR as well.
+// ERROR as well. A SEND's receive WQE must take the whole message into locally writable
+// memory of this QP's PD (rc.ResolveRecv); an RDMA WRITE or READ must be allowed by the
+// QP and by a region of its PD that its rkey names and that holds every byte
+// (rc.CheckRemote). Both are called here rather than through methods of q, so that each
+// check costs one call.
 func (q *QP) respondLocked(r *QP, e *wqe) (status verbs.WCStatus, rnr bool) {
 	n := e.length
 	switch e.op {
@@ -74,14 +78,16 @@ func (q *QP) respondLocked(r *QP, e *wqe) (status verbs.WCStatus, rnr bool) {
 			return 0, true
 		}
 		w := q.rq.wq.Head()
-		if st := q.resolveRecvLocked(w, n); st != verbs.WCSuccess {
+		vec, st := rc.ResolveRecv(&q.dev.mrs, &q.pd.refs, w.SGL, n, q.rq.vec[:0])
+		if st != verbs.WCSuccess {
 			q.responderFailLocked(w, st)
 			if st == verbs.WCLocLenErr {
 				return verbs.WCRemInvReqErr, false // "message too long" is an invalid request
 			}
 			return verbs.WCRemOpErr, false
 		}
-		copyVec(q.rq.vec, r.sq.vec)
+		q.rq.vec = vec
+		copyVec(vec, r.sq.vec)
 		wc := verbs.WorkCompletion{WRID: w.ID, Opcode: verbs.WCRecv, ByteLen: n, QPN: q.qpn, SrcQP: r.qpn}
 		if e.op == verbs.OpSendWithImm {
 			wc.Imm, wc.Flags = e.imm, verbs.WCWithImm
@@ -93,7 +99,7 @@ func (q *QP) respondLocked(r *QP, e *wqe) (status verbs.WCStatus, rnr bool) {
 		if imm && q.rq.wq.Len() == 0 {
 			return 0, true
 		}
-		dst, ok := q.remoteLocked(e, n, verbs.AccessRemoteWrite)
+		dst, ok := rc.CheckRemote(&q.dev.mrs, &q.pd.refs, q.rq.access, verbs.AccessRemoteWrite, e.rkey, e.raddr, n)
 		if !ok {
 			q.responderFailLocked(nil, 0)
 			return verbs.WCRemAccessErr, false
@@ -107,7 +113,7 @@ func (q *QP) respondLocked(r *QP, e *wqe) (status verbs.WCStatus, rnr bool) {
 		}
 
 	case verbs.OpRDMARead:
-		src, ok := q.remoteLocked(e, n, verbs.AccessRemoteRead)
+		src, ok := rc.CheckRemote(&q.dev.mrs, &q.pd.refs, q.rq.access, verbs.AccessRemoteRead, e.rkey, e.raddr, n)
 		if !ok {
 			q.responderFailLocked(nil, 0)
 			return verbs.WCRemAccessErr, false
@@ -116,25 +122,6 @@ func (q *QP) respondLocked(r *QP, e *wqe) (status verbs.WCStatus, rnr bool) {
 	}
 	q.rq.epsn = (q.rq.epsn + packets(n, q.rq.mtu)) & psnMask
 	return verbs.WCSuccess, false
-}
-
-// remoteLocked checks a remote access of n bytes at e.raddr with e.rkey and returns the
-// target bytes: the QP must allow the access, and the key must name a region of this QP's
-// PD that allows it and holds all n bytes. As the InfiniBand specification has it, a
-// zero-length access checks neither key nor address.
-func (q *QP) remoteLocked(e *wqe, n uint32, need verbs.AccessFlags) ([]byte, bool) {
-	return rc.CheckRemote(&q.dev.mrs, &q.pd.refs, q.rq.access, need, e.rkey, e.raddr, n)
-}
-
-// resolveRecvLocked checks that receive WQE w can take n bytes and resolves the buffers
-// the message fills into q.rq.vec. A message longer than the WQE's buffers is a local
-// length error; a buffer that is not writable memory of this QP's PD a protection error.
-func (q *QP) resolveRecvLocked(w *rc.RecvWQE, n uint32) verbs.WCStatus {
-	vec, st := rc.ResolveRecv(&q.dev.mrs, &q.pd.refs, w.SGL, n, q.rq.vec[:0])
-	if st == verbs.WCSuccess {
-		q.rq.vec = vec
-	}
-	return st
 }
 
 // responderFailLocked handles a fatal responder error: receive WQE w, if not nil, completes

@@ -49,6 +49,9 @@ func (q *QP) postSendLocked(w *verbs.SendWR) error {
 		rnrLeft: q.sq.rnrRetry, retryLeft: q.sq.retry,
 	}
 	if w.Flags&verbs.SendInline != 0 {
+		if err := postErrs.CheckInline(&q.caps, w.Opcode, w.SGL); err != nil {
+			return err
+		}
 		if err := q.copyInlineLocked(&e); err != nil {
 			return err
 		}
@@ -92,7 +95,7 @@ func (q *QP) postSendLocked(w *verbs.SendWR) error {
 	return nil
 }
 
-// copyInlineLocked copies the payload of an inline WR, which CheckPostSend has checked,
+// copyInlineLocked copies the payload of an inline WR, which CheckInline has checked,
 // into the send queue's scratch buffer, so the caller may reuse its buffers as soon as
 // PostSend returns.
 //
@@ -105,11 +108,11 @@ func (q *QP) copyInlineLocked(e *wqe) error {
 	for _, s := range e.sgl {
 		var b []byte
 		ok := false
-		if m := q.dev.mrs.lookup(s.LKey); m != nil {
-			b, ok = m.slice(s.Addr, s.Length)
+		if r := q.dev.mrs.Lookup(s.LKey); r != nil {
+			b, ok = r.Slice(s.Addr, s.Length)
 		}
 		if !ok {
-			if _, b = q.dev.mrs.byAddr(s.Addr, s.Length); b == nil {
+			if _, b = q.dev.mrs.ByAddr(s.Addr, s.Length); b == nil {
 				return postErrs.InlineMemory
 			}
 		}
@@ -285,9 +288,20 @@ var sendWCOpcode = [8]verbs.WCOpcode{
 // rq.mu for the transfer. When the WR completes, its completion has been generated (if it
 // is signaled or failed) by the time execute returns outDone.
 func (q *QP) execute(e *wqe) outcome {
-	if st := q.resolveLocalLocked(e); st != verbs.WCSuccess {
-		q.completeLocked(e, st)
-		return outDone
+	// Resolve e's local buffers into q.sq.vec and set e.length: the inline copy, or the
+	// SGL, each SGE of which must name a region of this QP's PD by its LKey and lie
+	// inside it (with local write access for an RDMA READ). This is here, not in a
+	// method, so that the RC core's check is the only call it costs.
+	if e.flags&verbs.SendInline != 0 {
+		q.sq.vec = append(q.sq.vec[:0], e.inline)
+		e.length = uint32(len(e.inline))
+	} else {
+		vec, n, st := rc.ResolveLocal(&q.dev.mrs, &q.pd.refs, e.sgl, e.op == verbs.OpRDMARead, q.sq.vec[:0])
+		if st != verbs.WCSuccess {
+			q.completeLocked(e, st)
+			return outDone
+		}
+		q.sq.vec, e.length = vec, n
 	}
 	faults := q.dev.fab.faultsUsed.Load()
 	if faults && (q.broken.Load() || q.dev.fab.link(q.dev, q.sq.destDev).broken || q.dev.fab.pathLoses(q)) {
@@ -325,25 +339,6 @@ func (q *QP) execute(e *wqe) outcome {
 		q.sq.unreported++
 	}
 	return outDone
-}
-
-// resolveLocalLocked checks e's local buffers and resolves them into q.sq.vec: each SGE
-// must name a region of this QP's PD by its LKey and lie inside it, and an RDMA READ
-// needs local write access to it. It also sets e.length.
-func (q *QP) resolveLocalLocked(e *wqe) verbs.WCStatus {
-	vec := q.sq.vec[:0]
-	if e.flags&verbs.SendInline != 0 {
-		q.sq.vec = append(vec, e.inline)
-		e.length = uint32(len(e.inline))
-		return verbs.WCSuccess
-	}
-	vec, n, st := rc.ResolveLocal(&q.dev.mrs, &q.pd.refs, e.sgl, e.op == verbs.OpRDMARead, vec)
-	if st != verbs.WCSuccess {
-		return st
-	}
-	q.sq.vec = vec
-	e.length = n
-	return verbs.WCSuccess
 }
 
 // peerLocked returns the destination QP, looking it up again if the one found before was

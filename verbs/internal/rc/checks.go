@@ -132,8 +132,9 @@ func newPostErrors(name string) PostErrors {
 // CheckPostSend checks send WR w against a QP in state st (closed if closed) with
 // capacities c, whose send queue has inUse slots taken (posted minus released by polled
 // completions): the QP must be in RTS (or ERROR, which flushes it), the opcode known, the
-// SGL within max_send_sge and the queue not full. For an inline WR it also checks the
-// opcode and the payload's size. It returns nil or one of e's errors.
+// SGL within max_send_sge and the queue not full. It returns nil or one of e's errors.
+// An inline WR then needs [PostErrors.CheckInline] too, apart so that CheckPostSend
+// stays small enough to inline into a provider's post path.
 func (e *PostErrors) CheckPostSend(st verbs.QPState, closed bool, c *verbs.QPCaps, inUse uint64, w *verbs.SendWR) error {
 	switch {
 	case closed:
@@ -147,14 +148,19 @@ func (e *PostErrors) CheckPostSend(st verbs.QPState, closed bool, c *verbs.QPCap
 	case inUse >= uint64(c.MaxSendWR):
 		return e.SendQueueFull
 	}
-	if w.Flags&verbs.SendInline == 0 {
-		return nil
-	}
-	if w.Opcode == verbs.OpRDMARead {
+	return nil
+}
+
+// CheckInline checks an inline send WR (verbs.SendInline) of opcode op and SGL sgl,
+// which CheckPostSend has passed, against a QP with capacities c: an RDMA READ cannot
+// be inline, and the payload must fit max_inline_data. It returns nil or one of e's
+// errors.
+func (e *PostErrors) CheckInline(c *verbs.QPCaps, op verbs.Opcode, sgl []verbs.SGE) error {
+	if op == verbs.OpRDMARead {
 		return e.InlineOpcode
 	}
 	var n uint64
-	for _, s := range w.SGL {
+	for _, s := range sgl {
 		n += uint64(s.Length)
 	}
 	if n > uint64(c.MaxInlineData) {

@@ -156,6 +156,7 @@ func TestCheckPost(t *testing.T) {
 		{"inline", verbs.QPStateRTS, false, 0, &verbs.SendWR{Opcode: verbs.OpSend, Flags: verbs.SendInline, SGL: []verbs.SGE{sge}}, nil, nil},
 		{"inline read", verbs.QPStateRTS, false, 0, &verbs.SendWR{Opcode: verbs.OpRDMARead, Flags: verbs.SendInline}, nil, e.InlineOpcode},
 		{"inline too large", verbs.QPStateRTS, false, 0, &verbs.SendWR{Opcode: verbs.OpSend, Flags: verbs.SendInline, SGL: []verbs.SGE{{Length: 9}}}, nil, e.InlineTooLarge},
+		{"inline, queue full first", verbs.QPStateRTS, false, 2, &verbs.SendWR{Opcode: verbs.OpRDMARead, Flags: verbs.SendInline}, nil, e.SendQueueFull},
 		{"recv in INIT", verbs.QPStateInit, false, 1, nil, &verbs.RecvWR{}, nil},
 		{"recv in ERROR", verbs.QPStateError, false, 0, nil, &verbs.RecvWR{}, nil},
 		{"recv closed", verbs.QPStateInit, true, 0, nil, &verbs.RecvWR{}, e.Closed},
@@ -166,7 +167,11 @@ func TestCheckPost(t *testing.T) {
 	for _, tt := range tests {
 		var err error
 		if tt.send != nil {
+			// As a provider posts: the queue checks, then an inline WR's own.
 			err = e.CheckPostSend(tt.st, tt.closed, &caps, tt.inUse, tt.send)
+			if err == nil && tt.send.Flags&verbs.SendInline != 0 {
+				err = e.CheckInline(&caps, tt.send.Opcode, tt.send.SGL)
+			}
 		} else {
 			err = e.CheckPostRecv(tt.st, tt.closed, &caps, tt.inUse, tt.recv)
 		}

@@ -121,7 +121,9 @@ func (c *CQ) Push(wc *verbs.WorkCompletion, owner *Slots, sendSlot, recvSlot uin
 	if i >= len(c.ring) {
 		i -= len(c.ring)
 	}
-	c.ring[i] = entry{wc: *wc, owner: owner, sendSlot: sendSlot, recvSlot: recvSlot}
+	e := &c.ring[i] // filled field by field: a composite literal is built aside and copied
+	e.wc = *wc
+	e.owner, e.sendSlot, e.recvSlot = owner, sendSlot, recvSlot
 	c.n++
 	if c.armed && (!c.solicitedOnly || solicited || wc.Status != verbs.WCSuccess) {
 		c.armed = false

@@ -15,7 +15,7 @@
 //     (checks.go).
 //   - [Region]: a registered region's bounds, the local SGL and receive scatter
 //     resolution with their protection and length errors, and the responder's remote
-//     access check, over a provider's key table ([Keys]) (mr.go).
+//     access check, over a provider's key table ([KeyTable]) (mr.go, keys.go).
 //   - The RNR NAK and ACK timeout encodings (timers.go).
 //
 // What stays in each provider is its transport: how a request reaches the responder and
@@ -26,6 +26,6 @@
 // still says "soft: poll CQ: ..." or "shm: poll CQ: ...".
 //
 // Nothing here starts a goroutine or allocates on the work-request path: [CQ.Poll] and
-// [CQ.Push] take one mutex and touch no interface; a key lookup is one call through
-// [Keys] per SGE.
+// [CQ.Push] take one mutex and touch no interface; a key lookup ([KeyTable.Lookup]) takes
+// no lock and inlines.
 package rc

@@ -35,7 +35,13 @@ type Region struct {
 	Buf    []byte // the region's memory
 	Addr   uint64 // the address of Buf[0] that work requests name
 	Access verbs.AccessFlags
+	Owner  any // the provider's MR that holds the region, for the provider's own lookups
+
+	key uint32 // the region's key in its KeyTable, set by Insert
 }
+
+// Key returns the region's local and remote key, 0 until a [KeyTable] has given it one.
+func (r *Region) Key() uint32 { return r.key }
 
 // Slice returns the bytes [addr, addr+n) of r, or false if they are not all inside r.
 func (r *Region) Slice(addr uint64, n uint32) ([]byte, bool) { return Slice(r.Buf, r.Addr, addr, n) }
@@ -54,23 +60,16 @@ func Slice(mem []byte, base, addr uint64, n uint32) ([]byte, bool) {
 	return mem[off : off+uint64(n) : off+uint64(n)], true
 }
 
-// Keys finds a provider's live regions by key. A provider's region table implements it;
-// the caller holds whatever lock the provider's lookups need.
-type Keys interface {
-	// LookupRegion returns the live region whose local and remote key is key, or nil.
-	LookupRegion(key uint32) *Region
-}
-
 // ResolveLocal checks the local SGL of a work request and appends its buffers to vec:
 // each SGE must name a region of pd by its LKey and lie inside it, and with needWrite
 // (an RDMA READ, which writes its local buffers) the region must grant local write. It
 // returns the buffers, the message's length and WCSuccess, or WCLocProtErr, or
 // WCLocLenErr for a message over [MaxMessage].
-func ResolveLocal(keys Keys, pd *PD, sgl []verbs.SGE, needWrite bool, vec [][]byte) ([][]byte, uint32, verbs.WCStatus) {
+func ResolveLocal(keys *KeyTable, pd *PD, sgl []verbs.SGE, needWrite bool, vec [][]byte) ([][]byte, uint32, verbs.WCStatus) {
 	var total uint64
 	for _, s := range sgl {
 		total += uint64(s.Length)
-		m := keys.LookupRegion(s.LKey)
+		m := keys.Lookup(s.LKey)
 		if m == nil || m.PD != pd || (needWrite && m.Access&verbs.AccessLocalWrite == 0) {
 			return vec, 0, verbs.WCLocProtErr
 		}
@@ -90,7 +89,7 @@ func ResolveLocal(keys Keys, pd *PD, sgl []verbs.SGE, needWrite bool, vec [][]by
 // and appends the buffers the message fills to vec. A message longer than the buffers is
 // WCLocLenErr; a buffer that is not locally writable memory of pd is WCLocProtErr. SGEs
 // past the message's end are not checked, as a device does not touch them.
-func ResolveRecv(keys Keys, pd *PD, sgl []verbs.SGE, n uint32, vec [][]byte) ([][]byte, verbs.WCStatus) {
+func ResolveRecv(keys *KeyTable, pd *PD, sgl []verbs.SGE, n uint32, vec [][]byte) ([][]byte, verbs.WCStatus) {
 	var capacity uint64
 	for _, s := range sgl {
 		capacity += uint64(s.Length)
@@ -103,7 +102,7 @@ func ResolveRecv(keys Keys, pd *PD, sgl []verbs.SGE, n uint32, vec [][]byte) ([]
 			break
 		}
 		l := min(n, s.Length)
-		m := keys.LookupRegion(s.LKey)
+		m := keys.Lookup(s.LKey)
 		if m == nil || m.PD != pd || m.Access&verbs.AccessLocalWrite == 0 {
 			return vec, verbs.WCLocProtErr
 		}
@@ -122,14 +121,14 @@ func ResolveRecv(keys Keys, pd *PD, sgl []verbs.SGE, n uint32, vec [][]byte) ([]
 // the access need, and rkey must name a region of pd that grants it and holds all n
 // bytes. As the InfiniBand specification has it, a zero-length access checks neither key
 // nor address (and returns no bytes).
-func CheckRemote(keys Keys, pd *PD, qpAccess, need verbs.AccessFlags, rkey uint32, addr uint64, n uint32) ([]byte, bool) {
+func CheckRemote(keys *KeyTable, pd *PD, qpAccess, need verbs.AccessFlags, rkey uint32, addr uint64, n uint32) ([]byte, bool) {
 	if qpAccess&need == 0 {
 		return nil, false
 	}
 	if n == 0 {
 		return nil, true
 	}
-	m := keys.LookupRegion(rkey)
+	m := keys.Lookup(rkey)
 	if m == nil || m.PD != pd || m.Access&need == 0 {
 		return nil, false
 	}

@@ -65,20 +65,25 @@ func TestSlice(t *testing.T) {
 	}
 }
 
-// testKeys is a region table: a key names the region at that index, key 0 none.
-type testKeys []Region
+// key returns the key a fresh KeyTable gives the i-th region inserted (from 1).
+func key(i int) uint32 { return uint32(i) << keyGenBits }
 
-func (k testKeys) LookupRegion(key uint32) *Region {
-	if key == 0 || int(key) >= len(k) {
-		return nil
+// newKeys returns a fresh KeyTable holding rs, their keys key(1), key(2), ...
+func newKeys(t testing.TB, rs ...Region) *KeyTable {
+	t.Helper()
+	k := new(KeyTable)
+	for i := range rs {
+		got, err := k.Insert(&rs[i])
+		require.NoError(t, err, "Insert")
+		require.Equal(t, key(i+1), got, "key of region %d", i+1)
 	}
-	return &k[key]
+	return k
 }
 
 // regions returns a table of regions of 16 bytes each, at 0x1000, 0x2000, ...: keys 1
 // (local write) and 2 (read only) of pd, 3 (remote write and read) of pd, 4 of other.
-func regions(pd, other *PD) testKeys {
-	k := testKeys{{}}
+func regions(t testing.TB, pd, other *PD) *KeyTable {
+	var rs []Region
 	for i, r := range []struct {
 		pd     *PD
 		access verbs.AccessFlags
@@ -88,14 +93,14 @@ func regions(pd, other *PD) testKeys {
 		{pd, verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.AccessRemoteRead},
 		{other, verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.AccessRemoteRead},
 	} {
-		k = append(k, Region{PD: r.pd, Buf: make([]byte, 16), Addr: uint64(i+1) << 12, Access: r.access})
+		rs = append(rs, Region{PD: r.pd, Buf: make([]byte, 16), Addr: uint64(i+1) << 12, Access: r.access})
 	}
-	return k
+	return newKeys(t, rs...)
 }
 
 func TestResolveLocal(t *testing.T) {
 	pd, other := new(PD), new(PD)
-	keys := regions(pd, other)
+	keys := regions(t, pd, other)
 	tests := []struct {
 		name      string
 		sgl       []verbs.SGE
@@ -105,13 +110,13 @@ func TestResolveLocal(t *testing.T) {
 		wantBufs  int
 	}{
 		{"no SGE", nil, false, verbs.WCSuccess, 0, 0},
-		{"two regions", []verbs.SGE{{Addr: 0x1000, Length: 8, LKey: 1}, {Addr: 0x2004, Length: 4, LKey: 2}}, false, verbs.WCSuccess, 12, 2},
-		{"read into writable", []verbs.SGE{{Addr: 0x1000, Length: 16, LKey: 1}}, true, verbs.WCSuccess, 16, 1},
-		{"read into read-only", []verbs.SGE{{Addr: 0x2000, Length: 16, LKey: 2}}, true, verbs.WCLocProtErr, 0, 0},
-		{"unknown key", []verbs.SGE{{Addr: 0x1000, Length: 1, LKey: 9}}, false, verbs.WCLocProtErr, 0, 0},
-		{"other PD", []verbs.SGE{{Addr: 0x4000, Length: 1, LKey: 4}}, false, verbs.WCLocProtErr, 0, 0},
-		{"out of bounds", []verbs.SGE{{Addr: 0x1008, Length: 9, LKey: 1}}, false, verbs.WCLocProtErr, 0, 0},
-		{"wrong key for address", []verbs.SGE{{Addr: 0x2000, Length: 1, LKey: 1}}, false, verbs.WCLocProtErr, 0, 0},
+		{"two regions", []verbs.SGE{{Addr: 0x1000, Length: 8, LKey: key(1)}, {Addr: 0x2004, Length: 4, LKey: key(2)}}, false, verbs.WCSuccess, 12, 2},
+		{"read into writable", []verbs.SGE{{Addr: 0x1000, Length: 16, LKey: key(1)}}, true, verbs.WCSuccess, 16, 1},
+		{"read into read-only", []verbs.SGE{{Addr: 0x2000, Length: 16, LKey: key(2)}}, true, verbs.WCLocProtErr, 0, 0},
+		{"unknown key", []verbs.SGE{{Addr: 0x1000, Length: 1, LKey: key(9)}}, false, verbs.WCLocProtErr, 0, 0},
+		{"other PD", []verbs.SGE{{Addr: 0x4000, Length: 1, LKey: key(4)}}, false, verbs.WCLocProtErr, 0, 0},
+		{"out of bounds", []verbs.SGE{{Addr: 0x1008, Length: 9, LKey: key(1)}}, false, verbs.WCLocProtErr, 0, 0},
+		{"wrong key for address", []verbs.SGE{{Addr: 0x2000, Length: 1, LKey: key(1)}}, false, verbs.WCLocProtErr, 0, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -130,7 +135,7 @@ func TestResolveLocalTooLong(t *testing.T) {
 	// largest; a 17th makes it too long. The region's pages are never touched.
 	const size = 1 << 27
 	pd := new(PD)
-	keys := testKeys{{}, {PD: pd, Buf: make([]byte, size), Addr: 0x1000, Access: verbs.AccessLocalWrite}}
+	keys := newKeys(t, Region{PD: pd, Buf: make([]byte, size), Addr: 0x1000, Access: verbs.AccessLocalWrite})
 	tests := []struct {
 		sges int
 		want verbs.WCStatus
@@ -141,7 +146,7 @@ func TestResolveLocalTooLong(t *testing.T) {
 	for _, tt := range tests {
 		sgl := make([]verbs.SGE, tt.sges)
 		for i := range sgl {
-			sgl[i] = verbs.SGE{Addr: 0x1000, Length: size, LKey: 1}
+			sgl[i] = verbs.SGE{Addr: 0x1000, Length: size, LKey: key(1)}
 		}
 		_, _, st := ResolveLocal(keys, pd, sgl, false, nil)
 		require.Equal(t, tt.want, st, "ResolveLocal of %d SGEs of %d bytes", tt.sges, size)
@@ -150,7 +155,7 @@ func TestResolveLocalTooLong(t *testing.T) {
 
 func TestResolveRecv(t *testing.T) {
 	pd, other := new(PD), new(PD)
-	keys := regions(pd, other)
+	keys := regions(t, pd, other)
 	sgl := func(s ...verbs.SGE) []verbs.SGE { return s }
 	tests := []struct {
 		name     string
@@ -159,15 +164,15 @@ func TestResolveRecv(t *testing.T) {
 		want     verbs.WCStatus
 		wantBufs []int // lengths of the buffers filled
 	}{
-		{"fits one", sgl(verbs.SGE{Addr: 0x1000, Length: 16, LKey: 1}), 10, verbs.WCSuccess, []int{10}},
-		{"spans two", sgl(verbs.SGE{Addr: 0x1000, Length: 4, LKey: 1}, verbs.SGE{Addr: 0x3000, Length: 8, LKey: 3}), 10, verbs.WCSuccess, []int{4, 6}},
-		{"empty message checks nothing", sgl(verbs.SGE{Addr: 0, Length: 4, LKey: 9}), 0, verbs.WCSuccess, nil},
-		{"unused SGE not checked", sgl(verbs.SGE{Addr: 0x1000, Length: 4, LKey: 1}, verbs.SGE{Addr: 0, Length: 4, LKey: 9}), 4, verbs.WCSuccess, []int{4}},
-		{"too long", sgl(verbs.SGE{Addr: 0x1000, Length: 4, LKey: 1}), 5, verbs.WCLocLenErr, nil},
+		{"fits one", sgl(verbs.SGE{Addr: 0x1000, Length: 16, LKey: key(1)}), 10, verbs.WCSuccess, []int{10}},
+		{"spans two", sgl(verbs.SGE{Addr: 0x1000, Length: 4, LKey: key(1)}, verbs.SGE{Addr: 0x3000, Length: 8, LKey: key(3)}), 10, verbs.WCSuccess, []int{4, 6}},
+		{"empty message checks nothing", sgl(verbs.SGE{Addr: 0, Length: 4, LKey: key(9)}), 0, verbs.WCSuccess, nil},
+		{"unused SGE not checked", sgl(verbs.SGE{Addr: 0x1000, Length: 4, LKey: key(1)}, verbs.SGE{Addr: 0, Length: 4, LKey: key(9)}), 4, verbs.WCSuccess, []int{4}},
+		{"too long", sgl(verbs.SGE{Addr: 0x1000, Length: 4, LKey: key(1)}), 5, verbs.WCLocLenErr, nil},
 		{"no SGE", nil, 1, verbs.WCLocLenErr, nil},
-		{"read-only buffer", sgl(verbs.SGE{Addr: 0x2000, Length: 4, LKey: 2}), 1, verbs.WCLocProtErr, nil},
-		{"other PD", sgl(verbs.SGE{Addr: 0x4000, Length: 4, LKey: 4}), 1, verbs.WCLocProtErr, nil},
-		{"out of bounds", sgl(verbs.SGE{Addr: 0x100c, Length: 8, LKey: 1}), 8, verbs.WCLocProtErr, nil},
+		{"read-only buffer", sgl(verbs.SGE{Addr: 0x2000, Length: 4, LKey: key(2)}), 1, verbs.WCLocProtErr, nil},
+		{"other PD", sgl(verbs.SGE{Addr: 0x4000, Length: 4, LKey: key(4)}), 1, verbs.WCLocProtErr, nil},
+		{"out of bounds", sgl(verbs.SGE{Addr: 0x100c, Length: 8, LKey: key(1)}), 8, verbs.WCLocProtErr, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -187,7 +192,7 @@ func TestResolveRecv(t *testing.T) {
 
 func TestCheckRemote(t *testing.T) {
 	pd, other := new(PD), new(PD)
-	keys := regions(pd, other)
+	keys := regions(t, pd, other)
 	const rw, rr = verbs.AccessRemoteWrite, verbs.AccessRemoteRead
 	tests := []struct {
 		qpAccess, need verbs.AccessFlags
@@ -196,18 +201,18 @@ func TestCheckRemote(t *testing.T) {
 		n              uint32
 		ok             bool
 	}{
-		{rw | rr, rw, 3, 0x3000, 16, true},
-		{rw | rr, rr, 3, 0x3008, 8, true},
-		{rr, rw, 3, 0x3000, 1, false}, // the QP does not grant it
-		{rw, rw, 1, 0x1000, 1, false}, // the region does not grant it
-		{rw, rw, 4, 0x4000, 1, false}, // another PD's region
-		{rw, rw, 9, 0x3000, 1, false}, // no such key
-		{rw, rw, 3, 0x3008, 9, false}, // out of bounds
-		{rw, rw, 9, 0, 0, true},       // zero length: no key or address check
-		{rr, rw, 3, 0x3000, 0, false}, // but the QP's rights are checked
+		{rw | rr, rw, key(3), 0x3000, 16, true},
+		{rw | rr, rr, key(3), 0x3008, 8, true},
+		{rr, rw, key(3), 0x3000, 1, false}, // the QP does not grant it
+		{rw, rw, key(1), 0x1000, 1, false}, // the region does not grant it
+		{rw, rw, key(4), 0x4000, 1, false}, // another PD's region
+		{rw, rw, key(9), 0x3000, 1, false}, // no such key
+		{rw, rw, key(3), 0x3008, 9, false}, // out of bounds
+		{rw, rw, key(9), 0, 0, true},       // zero length: no key or address check
+		{rr, rw, key(3), 0x3000, 0, false}, // but the QP's rights are checked
 	}
 	for _, tt := range tests {
-		name := fmt.Sprintf("CheckRemote(qp %#x, need %#x, rkey %d, %#x, %d)", tt.qpAccess, tt.need, tt.rkey, tt.addr, tt.n)
+		name := fmt.Sprintf("CheckRemote(qp %#x, need %#x, rkey %#x, %#x, %d)", tt.qpAccess, tt.need, tt.rkey, tt.addr, tt.n)
 		b, ok := CheckRemote(keys, pd, tt.qpAccess, tt.need, tt.rkey, tt.addr, tt.n)
 		require.Equal(t, tt.ok, ok, name)
 		if ok {
@@ -218,13 +223,13 @@ func TestCheckRemote(t *testing.T) {
 
 func TestResolveAllocs(t *testing.T) {
 	pd := new(PD)
-	keys := Keys(regions(pd, nil))
-	sgl := []verbs.SGE{{Addr: 0x1000, Length: 8, LKey: 1}, {Addr: 0x3000, Length: 8, LKey: 3}}
+	keys := regions(t, pd, nil)
+	sgl := []verbs.SGE{{Addr: 0x1000, Length: 8, LKey: key(1)}, {Addr: 0x3000, Length: 8, LKey: key(3)}}
 	vec := make([][]byte, 0, 2)
 	allocs := testing.AllocsPerRun(100, func() {
 		ResolveLocal(keys, pd, sgl, false, vec[:0])
 		ResolveRecv(keys, pd, sgl, 12, vec[:0])
-		CheckRemote(keys, pd, verbs.AccessRemoteWrite, verbs.AccessRemoteWrite, 3, 0x3000, 8)
+		CheckRemote(keys, pd, verbs.AccessRemoteWrite, verbs.AccessRemoteWrite, key(3), 0x3000, 8)
 	})
 	require.Zero(t, allocs, "allocations per resolution")
 }

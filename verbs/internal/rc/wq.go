@@ -55,9 +55,10 @@ func (r *RecvQueue) Len() int { return r.n }
 // Head returns the oldest WQE not yet completed; the queue must not be empty.
 func (r *RecvQueue) Head() *RecvWQE { return &r.ring[r.head] }
 
-// Pop removes the head WQE, which has completed.
+// Pop removes the head WQE, which has completed. Its slot is left as it is until a Post
+// reuses it: a WQE holds only an ID and a view of the queue's own SGL storage, so a
+// stale one keeps nothing alive.
 func (r *RecvQueue) Pop() {
-	r.ring[r.head] = RecvWQE{}
 	r.head++
 	if r.head == len(r.ring) {
 		r.head = 0
