@@ -41,7 +41,13 @@ func (p *PD) RegMemory(buf []byte, access verbs.AccessFlags) (verbs.MR, error) {
 			Access: access,
 		},
 	}
-	d.mrs.insert(m)
+	key, err := d.mrs.Insert(&m.reg)
+	if err != nil {
+		p.refs.Release()
+		d.nMR.Add(-1)
+		return nil, fmt.Errorf("soft: register caller memory: %w", err)
+	}
+	m.key = key
 	d.fab.live.mrs.Add(1)
 	return m, nil
 }
