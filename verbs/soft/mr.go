@@ -25,19 +25,28 @@ type MR struct {
 // RegMR allocates and registers length bytes. As ibv_reg_mr(3) requires, remote write
 // access needs local write access too.
 func (p *PD) RegMR(length int, access verbs.AccessFlags) (verbs.MR, error) {
+	return p.register(length, nil, access, "register MR")
+}
+
+// register registers buf, or when buf is nil length bytes it allocates once the checks
+// pass, for RegMR and RegMemory; what names the operation in errors.
+func (p *PD) register(length int, buf []byte, access verbs.AccessFlags, what string) (verbs.MR, error) {
 	d := p.ctx.dev
 	if err := provider.CheckRegMR(length, d.attr.MaxMRSize, access); err != nil {
 		return nil, err
 	}
 	if err := d.fab.injectedFailure(AllocMR); err != nil {
-		return nil, fmt.Errorf("soft: register MR: %w", err)
+		return nil, fmt.Errorf("soft: %s: %w", what, err)
 	}
 	if !reserve(&d.nMR, d.attr.MaxMR) {
-		return nil, fmt.Errorf("soft: register MR: device limit of %d MRs: %w", d.attr.MaxMR, verbs.ErrNoResources)
+		return nil, fmt.Errorf("soft: %s: device limit of %d MRs: %w", what, d.attr.MaxMR, verbs.ErrNoResources)
 	}
 	if err := p.refs.Acquire(); err != nil {
 		d.nMR.Add(-1)
-		return nil, fmt.Errorf("soft: register MR: %w", err)
+		return nil, fmt.Errorf("soft: %s: %w", what, err)
+	}
+	if buf == nil {
+		buf = make([]byte, length)
 	}
 	const page = 4096
 	span := (uint64(length)+page-1)/page*page + page // one unmapped guard page after each region
@@ -46,7 +55,7 @@ func (p *PD) RegMR(length int, access verbs.AccessFlags) (verbs.MR, error) {
 		dev: d,
 		reg: rc.Region{
 			PD:     &p.refs,
-			Buf:    make([]byte, length),
+			Buf:    buf[:length:length],
 			Addr:   d.fab.nextAddr.Add(span) - span,
 			Access: access,
 		},
@@ -55,7 +64,7 @@ func (p *PD) RegMR(length int, access verbs.AccessFlags) (verbs.MR, error) {
 	if err != nil {
 		p.refs.Release()
 		d.nMR.Add(-1)
-		return nil, fmt.Errorf("soft: register MR: %w", err)
+		return nil, fmt.Errorf("soft: %s: %w", what, err)
 	}
 	m.key = key
 	d.fab.live.mrs.Add(1)
