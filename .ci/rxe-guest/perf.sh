@@ -9,7 +9,12 @@
 #     (its median, half a round trip: doubled).
 #   rstream: -C transfers one way then back, per iteration; Gb/sec counts all the bytes
 #     over the whole time. usec/xfer with -C 1 is half a round trip: doubled.
-#   rsockperf: RsockRDMA, stream MB/s and pingpong p50 (a round trip).
+#   rsockperf: RsockRDMA, stream MB/s and pingpong p50 (a round trip), with the default
+#     polling (Config.PollSpin: a short spin, then sleep on the completion channel); and
+#     the 64 B pingpong again in spinning mode (rtt_64B_spin: -spin 100000 on both sides,
+#     so that a waiting Read polls the CQ for the whole round trip), which is how
+#     ib_write_lat and rstream wait (they busy-poll). rtt_64B_spin is compared with their
+#     rtt_64B.
 
 record() { echo "$1 $2 $3" >> /tmp/perf.txt; echo "figure: $1 $2 $3"; }
 
@@ -94,6 +99,30 @@ rsockperf_run() {
   [ "$(wc -l < /tmp/rp_fig.txt)" = 3 ] || { echo "missing rsockperf figures"; return 1; }
 }
 
+# rsockperf_spin_run: the 64 B pingpong in spinning mode (see above), as rtt_64B_spin.
+rsockperf_spin_run() {
+  local spid crc src v
+  timeout -k 5 300 /t/bin/rsockperf -mode server -spin 100000 -addr $B:7200 -transports RsockRDMA > /tmp/rp_s.log 2>&1 &
+  spid=$!
+  wait_listen 7200 $spid || { kill $spid 2>/dev/null; cat /tmp/rp_s.log; return 1; }
+  timeout -k 5 240 /t/bin/rsockperf -mode client -spin 100000 -q -addr $B:7200 -transports RsockRDMA \
+    -workloads pingpong -sizes 64 -duration "${PERF_SECS}s" > /tmp/rp_c.log 2>&1
+  crc=$?
+  stop $spid rsockperf-server
+  src=$?
+  cat /tmp/rp_c.log
+  [ $crc = 0 ] && [ $src = 0 ] || { echo "--- server:"; cat /tmp/rp_s.log; echo "client $crc, server $src"; return 1; }
+  v=$(awk '
+    /^pingpong:/ { w = 1 }
+    w && $2 == "RsockRDMA" && $1 == "64B" {
+      v = $3; u = 1
+      if (v ~ /ns$/) { u = 0.001 } else if (v ~ /ms$/) { u = 1000 } else if (v ~ /[0-9]s$/) { u = 1000000 }
+      gsub(/[^0-9.]/, "", v); printf "%.2f", v * u
+    }' /tmp/rp_c.log)
+  [ -n "$v" ] || { echo "missing rsockperf figure"; return 1; }
+  record rsock rtt_64B_spin "$v"
+}
+
 # perf_ratios: rsock's figures over perftest's and rstream's. Throughput: >1 is rsock
 # faster; round trip: >1 is rsock slower.
 perf_ratios() {
@@ -102,9 +131,10 @@ perf_ratios() {
     function ratio(a, b) { return (a == "" || b == "" || b == 0) ? "-" : sprintf("%.2f", a / b) }
     { v[$1 " " $2] = $3 }
     END {
-      n = split("stream_64KiB stream_4KiB rtt_64B", m, " ")
+      n = split("stream_64KiB stream_4KiB rtt_64B rtt_64B_spin", m, " ")
       for (i = 1; i <= n; i++) {
-        r = v["rsock " m[i]]; p = v["perftest " m[i]]; s = v["rstream " m[i]]
+        ref = m[i]; sub(/_spin$/, "", ref) # the references always busy-poll
+        r = v["rsock " m[i]]; p = v["perftest " ref]; s = v["rstream " ref]
         unit = (m[i] ~ /^rtt/) ? "us round trip" : "MB/s"
         if (r == "" || p == "" || s == "") { printf "missing figures for %s\n", m[i]; bad = 1 }
         printf "@@RATIO %-12s rsock %s, perftest %s, rstream %s (%s); rsock/perftest %s, rsock/rstream %s\n", \
