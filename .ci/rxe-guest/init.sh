@@ -38,6 +38,7 @@ echo 4194304 > /proc/sys/kernel/pid_max
 . /ci/events.sh
 
 echo "@@GUEST kernel $(uname -r), $(grep -c ^processor /proc/cpuinfo) CPUs, $(awk '/MemTotal/ { print $2 / 1024 " MiB" }' /proc/meminfo), up $(uptime_s) s"
+echo "@@GUEST clocksource $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>/dev/null) (of $(cat /sys/devices/system/clocksource/clocksource0/available_clocksource 2>/dev/null))"
 echo "@@GUEST steps /$STEPS/, -test.run /$RUN/, short=$SHORT, -test.timeout ${GO_TIMEOUT}s"
 
 load_modules() {
