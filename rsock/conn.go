@@ -282,12 +282,7 @@ func (c *Conn) closeBeforeReply() (bool, error) {
 	if c.reply == nil || c.failed != nil {
 		return false, nil
 	}
-	f, err := c.tcp.File()
-	if err != nil {
-		return false, nil
-	}
-	keep, err := net.FileConn(f)
-	f.Close()
+	keep, err := dupSocket(c.tcp)
 	if err != nil {
 		return false, nil
 	}
