@@ -147,10 +147,15 @@ func TestStalledHandshakes(t *testing.T) {
 		scfg.HandshakeTimeout = 200 * time.Millisecond
 		scfg.Logger = logs.logger()
 		ln := listen(t, scfg)
+		// All the stalls at once: their handshakes time out together, not one after another.
+		var stalled []net.Conn
 		for _, b := range stalls {
 			c := dialRaw(t, ln)
 			_, err := c.Write(b)
 			require.NoError(t, err)
+			stalled = append(stalled, c)
+		}
+		for _, c := range stalled {
 			got, _ := io.ReadAll(c) // returns when the server gives up
 			require.Empty(t, got)
 		}
