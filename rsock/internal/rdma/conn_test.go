@@ -75,6 +75,11 @@ func TestNetConn(t *testing.T) {
 		a, b := connPair(t, f, Options{RingSize: 16 << 10, SendBufferSize: 8 << 10})
 		return a, b, func() { a.Close(); b.Close() }, nil
 	})
+	// nettest leaves a copying goroutine of its own in Read when some cases stop their
+	// pipe: that Read, not Close, releases its Conn's endpoint (teardown), as it returns
+	// just after. Wait for it, bounded, before checking that everything went back.
+	require.Eventually(t, func() bool { return f.Stats().QPs == 0 }, 10*time.Second, time.Millisecond,
+		"a QP still held after the last case: %+v", f.Stats())
 	requireReleased(t, f)
 }
 
