@@ -125,18 +125,30 @@ func newModel(cfg *modelConfig) *model {
 
 func newRing(size int) mRing { return mRing{buf: make([]byte, size), occ: make([]bool, size)} }
 
-func (m *model) clone() *model {
-	c := *m
+// cloneInto makes dst a copy of m and returns it. The copy's slices reuse the memory of
+// dst's, so that a search that keeps one model per depth allocates next to nothing:
+// allocating and collecting a clone per step was most of the search's time. dst must
+// share no memory with m; a new model does not.
+func (m *model) cloneInto(dst *model) *model {
+	old := dst.side
+	*dst = *m
 	for i := range 2 {
-		s := &c.side[i]
-		s.rings = append([]mRing(nil), s.rings...)
+		s, o := &dst.side[i], &old[i]
+		rings := o.rings[:0]
 		for k, r := range s.rings {
-			s.rings[k] = mRing{buf: append([]byte(nil), r.buf...), occ: append([]bool(nil), r.occ...)}
+			var nr mRing
+			if k < cap(rings) {
+				nr = rings[:k+1][k] // the ring dst had here: reuse its memory
+			}
+			nr.buf = append(nr.buf[:0], r.buf...)
+			nr.occ = append(nr.occ[:0], r.occ...)
+			rings = append(rings, nr)
 		}
-		s.cq = append([]mMsg(nil), s.cq...)
-		s.spill = append([]byte(nil), s.spill...)
+		s.rings = rings
+		s.cq = append(o.cq[:0], s.cq...)
+		s.spill = append(o.spill[:0], s.spill...)
 	}
-	return &c
+	return dst
 }
 
 type actKind uint8
@@ -595,6 +607,9 @@ func explore(cfg *modelConfig, maxDepth, maxStates int) (exploreResult, error) {
 	var h maphash.Hash
 	var buf []byte
 	var path []action
+	// scratch[d] holds the states at depth d while the search is below them: a state's
+	// successors are made one at a time, each dead once its subtree is searched.
+	var scratch []*model
 	trace := func() string {
 		var sb strings.Builder
 		for _, a := range path {
@@ -638,7 +653,10 @@ func explore(cfg *modelConfig, maxDepth, maxStates int) (exploreResult, error) {
 			if (a.kind == actWrite || a.kind == actRead) && a.n > 1 && a.kind != actResize {
 				acts = append(acts, action{a.kind, a.side, a.n - 1})
 			}
-			next := m.clone()
+			for len(scratch) <= depth+1 {
+				scratch = append(scratch, new(model))
+			}
+			next := m.cloneInto(scratch[depth+1])
 			path = append(path, a)
 			if err := next.step(a); err != nil {
 				return fmt.Errorf("%w\npath: %s", err, trace())

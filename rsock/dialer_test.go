@@ -128,6 +128,7 @@ func TestDialContextEndsDuringHello(t *testing.T) {
 	for _, f := range transports {
 		for _, tt := range tests {
 			t.Run(f.String()+"/"+tt.name, func(t *testing.T) {
+				t.Parallel() // each case mostly waits out its 100 ms, four times
 				addr, accepted := silentServer(t, f)
 				// The deadline's race (the connection's deadline against the context's
 				// timer) went the wrong way about one run in two; a few runs catch it.

@@ -115,6 +115,12 @@ func (tr Transport) Env(t testing.TB) *Env {
 		}
 		e.requireClosed(t)
 		if e.Fabric != nil {
+			// A device stays open for a while after its last connection, unless a
+			// Listener's Close cooled its provider: a test that only dials (to a server
+			// of its own) would wait that out. The fabric is the test's own, so its
+			// devices are idle for good now; closing the other fabrics' idle devices
+			// too only makes their next connection prepare its device again.
+			require.NoError(t, rsock.CloseIdleDevices())
 			RequireReleased(t, e.Fabric)
 		}
 	})

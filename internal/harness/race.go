@@ -7,6 +7,8 @@ package harness
 // without it, at full size.
 const RaceEnabled = true
 
-// BigBody is the size of the largest transfers: 256 MiB, or 32 MiB under the race
-// detector.
+// BigBody is the size of the largest transfers: 64 MiB, or 32 MiB under the race
+// detector. 64 MiB is over a hundred times the largest ring and QUIC's largest stream
+// window, so every buffer on the way fills and drains many times; the 256 MiB it once
+// was repeated that at four times the cost.
 const BigBody = 32 << 20

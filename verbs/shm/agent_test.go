@@ -19,12 +19,21 @@ import (
 // loopback TCP address it prints on its first line of output.
 const agentEnv = "RSOCK_SHM_AGENT"
 
+// agentSessions, as agentEnv's value, makes the peer process serve any number of
+// sessions, each on a provider of its own (see [startAgents]); any other value, one.
+const agentSessions = "sessions"
+
 // runAgentIfAsked runs the agent and reports true if this process was started as one.
 func runAgentIfAsked() bool {
-	if os.Getenv(agentEnv) == "" {
+	mode := os.Getenv(agentEnv)
+	if mode == "" {
 		return false
 	}
-	if err := runAgent(); err != nil {
+	run := runAgent
+	if mode == agentSessions {
+		run = runAgents
+	}
+	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "shm agent:", err)
 		os.Exit(1)
 	}
@@ -55,8 +64,29 @@ type peerProcess struct {
 // running, when the test ends.
 func startPeer(t *testing.T) *peerProcess {
 	t.Helper()
+	pp := &peerProcess{}
+	var addr string
+	pp.cmd, addr = startAgentProcess(t, "1")
+	t.Cleanup(func() {
+		if pp.prov != nil {
+			pp.prov.Close()
+		}
+	})
+	var err error
+	pp.prov, err = verbstest.DialAgent(context.Background(), addr)
+	if err != nil {
+		t.Fatalf("dial the peer's agent: %v", err)
+	}
+	return pp
+}
+
+// startAgentProcess re-executes the test binary as an agent in mode (agentEnv's value)
+// and returns it with the address it serves on. The process is killed, if still
+// running, when the test ends, after the cleanups registered later.
+func startAgentProcess(t *testing.T, mode string) (*exec.Cmd, string) {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), agentEnv+"=1")
+	cmd.Env = append(os.Environ(), agentEnv+"="+mode)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -65,11 +95,7 @@ func startPeer(t *testing.T) *peerProcess {
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start peer process: %v", err)
 	}
-	pp := &peerProcess{cmd: cmd}
 	t.Cleanup(func() {
-		if pp.prov != nil {
-			pp.prov.Close()
-		}
 		cmd.Process.Kill()
 		cmd.Wait()
 	})
@@ -77,18 +103,75 @@ func startPeer(t *testing.T) *peerProcess {
 	if err != nil {
 		t.Fatalf("read the peer's address: %v", err)
 	}
-	pp.prov, err = verbstest.DialAgent(context.Background(), strings.TrimSpace(line))
-	if err != nil {
-		t.Fatalf("dial the peer's agent: %v", err)
-	}
-	return pp
+	return cmd, strings.TrimSpace(line)
 }
+
+// runAgents serves verbstest agent sessions on the loopback TCP address it prints on
+// its first line of output, until the process is killed. Each session gets a shm
+// provider of its own, closed when the session ends, so that a session sees a peer
+// process as fresh as one started for it; sessions run concurrently, so that one a
+// failed test left hanging holds up no other.
+func runAgents() error {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	fmt.Println(ln.Addr())
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return err
+		}
+		go func() {
+			if err := serveSession(c); err != nil {
+				fmt.Fprintln(os.Stderr, "shm agent:", err)
+			}
+		}()
+	}
+}
+
+// serveSession serves one agent session on c with a new provider.
+func serveSession(c net.Conn) error {
+	p, err := New(Options{})
+	if err != nil {
+		c.Close()
+		return err
+	}
+	defer p.Close()
+	return verbstest.ServeAgent(&connListener{c: c, addr: c.LocalAddr()}, p) // closes c
+}
+
+// connListener is a net.Listener whose one connection is already accepted.
+type connListener struct {
+	c    net.Conn
+	addr net.Addr
+}
+
+func (l *connListener) Accept() (net.Conn, error) {
+	c := l.c
+	if c == nil {
+		return nil, net.ErrClosed
+	}
+	l.c = nil
+	return c, nil
+}
+
+func (l *connListener) Close() error   { return nil }
+func (l *connListener) Addr() net.Addr { return l.addr }
 
 // TestConformancePeerProcess runs the conformance suite with side b of every pair in
 // another process: the two processes share only the memory of the regions they pass each
-// other and the sockets of their devices.
+// other and the sockets of their devices. One peer process serves every rule, each on a
+// provider of its own: a process per rule cost as much again as the suite.
 func TestConformancePeerProcess(t *testing.T) {
+	_, addr := startAgentProcess(t, agentSessions)
 	verbstest.Suite{Providers: func(t *testing.T) (a, b verbs.Provider) {
-		return newProvider(t, 1), startPeer(t).prov
+		a = newProvider(t, 1)
+		peer, err := verbstest.DialAgent(context.Background(), addr)
+		if err != nil {
+			t.Fatalf("dial the peer's agent: %v", err)
+		}
+		t.Cleanup(func() { peer.Close() })
+		return a, peer
 	}}.Run(t)
 }

@@ -174,22 +174,26 @@ func sampleReport() *Report {
 }
 
 func TestWriteText(t *testing.T) {
+	r := sampleReport() // one report: see TestWriteJSON
 	var b bytes.Buffer
-	require.NoError(t, sampleReport().WriteText(&b))
+	require.NoError(t, r.WriteText(&b))
 	out := b.String()
-	for _, want := range []string{"commit:    " + sampleReport().Machine.Commit, "stream:", "pingpong:", "SoftVerbs", "4KiB", "vs RawTCP", "idle:", "192.0 KiB", "targets:", "RsockRDMA stream 64KiB ≥ 2× RawTCP"} {
+	for _, want := range []string{"commit:    " + r.Machine.Commit, "stream:", "pingpong:", "SoftVerbs", "4KiB", "vs RawTCP", "idle:", "192.0 KiB", "targets:", "RsockRDMA stream 64KiB ≥ 2× RawTCP"} {
 		require.Contains(t, out, want)
 	}
 }
 
 func TestWriteJSON(t *testing.T) {
+	// One report, written and compared with: each sampleReport reads the checkout's
+	// state anew, which an edit between two calls changes ("-dirty").
+	r := sampleReport()
 	var b bytes.Buffer
-	require.NoError(t, sampleReport().WriteJSON(&b))
+	require.NoError(t, r.WriteJSON(&b))
 	var back Report
 	require.NoError(t, json.Unmarshal(b.Bytes(), &back))
 	require.Len(t, back.Results, 13)
 	require.NotEmpty(t, back.Machine.Commit, "results say which code they measured")
-	require.Equal(t, sampleReport().Machine.Commit, back.Machine.Commit)
+	require.Equal(t, r.Machine.Commit, back.Machine.Commit)
 	require.Contains(t, b.String(), `"commit":`)
 	require.Equal(t, "stream", back.Results[0].Workload)
 }

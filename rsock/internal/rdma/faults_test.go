@@ -181,9 +181,15 @@ func requireEndedBy(t *testing.T, name string, d direction, errs ...error) {
 	t.Fatalf("%s: write error %v, read error %v; want one of %v", name, d.writeErr, d.readErr, errs)
 }
 
-// faultCase runs a fault test: a victim pair on soft0–soft1 streaming both ways while
-// strike hits it, next to a bystander pair on soft0 that shares the victim's CQ.
+// faultCase runs a fault test: a victim pair on soft0–soft1 streaming 32 MiB both ways
+// while strike hits it (half way), next to a bystander pair on soft0 that shares the
+// victim's CQ.
 func faultCase(t *testing.T, strike func(f *soft.Fabric, a, b *Conn), check func(ab, ba direction)) {
+	faultCaseOf(t, 32<<20, strike, check)
+}
+
+// faultCaseOf is faultCase with total bytes each way.
+func faultCaseOf(t *testing.T, total int64, strike func(f *soft.Fabric, a, b *Conn), check func(ab, ba direction)) {
 	f := faultFabric()
 	opts := Options{RingSize: 16 << 10, SendBufferSize: 16 << 10}
 	a, b := connPairIPs(t, f, "127.0.0.1", "127.0.0.2", opts)
@@ -196,8 +202,8 @@ func faultCase(t *testing.T, strike func(f *soft.Fabric, a, b *Conn), check func
 		var once sync.Once
 		hit := func() { once.Do(func() { strike(f, a, b) }) }
 		wg.Add(2)
-		go func() { defer wg.Done(); ab = verifiedStream(t, a, b, 1, 32<<20, hit) }()
-		go func() { defer wg.Done(); ba = verifiedStream(t, b, a, 2, 32<<20, hit) }()
+		go func() { defer wg.Done(); ab = verifiedStream(t, a, b, 1, total, hit) }()
+		go func() { defer wg.Done(); ba = verifiedStream(t, b, a, 2, total, hit) }()
 		wg.Wait()
 	})
 	check(ab, ba)
@@ -243,8 +249,10 @@ func TestFaultPeerDeath(t *testing.T) {
 }
 
 func TestFaultDelayedDelivery(t *testing.T) {
-	// A slow fabric is not a fault: everything arrives.
-	faultCase(t, func(f *soft.Fabric, a, b *Conn) {
+	// A slow fabric is not a fault: everything arrives. The 4 MiB each way that cross
+	// the slowed link are still hundreds of 16 KiB rings; the 16 MiB of a 32 MiB case
+	// took three times as long.
+	faultCaseOf(t, 8<<20, func(f *soft.Fabric, a, b *Conn) {
 		require.NoError(t, f.DelayLink("soft0", "soft1", 200*time.Microsecond))
 	}, func(ab, ba direction) {
 		for _, d := range []direction{ab, ba} {
