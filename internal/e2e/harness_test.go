@@ -14,7 +14,10 @@ import (
 // TestEnvWaitsForDialsInProgress ends a test while an RDMA dial is in its handshake, as
 // http.Transport leaves a dial running once another connection served its request. The
 // Env must wait for the dial to end before it checks that every soft RDMA resource was
-// released: the dial's endpoint is released only when its handshake fails.
+// released: the dial's endpoint is released only when its handshake fails. The wait
+// for dials itself is tested in internal/harness (TestRequireClosedWaitsForDials);
+// here the whole path runs, with a real handshake failing after the test body ended,
+// and the Env's checks must find every resource released.
 func TestEnvWaitsForDialsInProgress(t *testing.T) {
 	env := harness.Transport{Name: "rdma", RDMA: true}.Env(t)
 	// A server that reads the client's first five bytes and then says nothing, so the
