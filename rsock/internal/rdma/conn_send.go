@@ -93,14 +93,7 @@ func (c *Conn) writeSome(p []byte, r io.Reader) (int, error) {
 		if c.fc.Writable() == 0 {
 			stall.noCredit()
 		}
-		if s.more() {
-			c.mu.Unlock()
-			c.pollWaiting()
-			continue
-		}
-		c.writeParked = true
-		c.mu.Unlock()
-		if err := c.waitWritable(); err != nil {
+		if err := c.awaitRoomLocked(&s); err != nil {
 			return 0, err
 		}
 	}
@@ -199,14 +192,7 @@ func (c *Conn) postStaged(n int) error {
 				return nil
 			}
 		}
-		if s.more() {
-			c.mu.Unlock()
-			c.pollWaiting()
-			continue
-		}
-		c.writeParked = true
-		c.mu.Unlock()
-		if err := c.waitWritable(); err != nil {
+		if err := c.awaitRoomLocked(&s); err != nil {
 			return err
 		}
 	}
@@ -339,6 +325,20 @@ func (c *Conn) postControlLocked() {
 			c.peerRingAddr, c.peerRKey = c.peerNextAddr, c.peerNextRKey
 		}
 	}
+}
+
+// awaitRoomLocked is a writer's wait once it found no room: one more poll of the CQ
+// while its spin lasts, else parked until a completion or credit may have made room.
+// Called with mu held, it returns with mu released.
+func (c *Conn) awaitRoomLocked(s *spin) error {
+	if s.more() {
+		c.mu.Unlock()
+		c.pollWaiting()
+		return nil
+	}
+	c.writeParked = true
+	c.mu.Unlock()
+	return c.waitWritable()
 }
 
 // waitWritable waits until a completion or credit may have made room, the write

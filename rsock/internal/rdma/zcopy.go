@@ -221,14 +221,7 @@ func (c *Conn) postDirect(p []byte, mr verbs.MR, off uint64) (int, error) {
 		if c.fc.Writable() == 0 {
 			stall.noCredit()
 		}
-		if s.more() {
-			c.mu.Unlock()
-			c.pollWaiting()
-			continue
-		}
-		c.writeParked = true
-		c.mu.Unlock()
-		if err := c.waitWritable(); err != nil {
+		if err := c.awaitRoomLocked(&s); err != nil {
 			return n, err
 		}
 	}
