@@ -102,10 +102,10 @@ rsockperf_run() {
 # rsockperf_spin_run: the 64 B pingpong in spinning mode (see above), as rtt_64B_spin.
 rsockperf_spin_run() {
   local spid crc src v
-  timeout -k 5 300 /t/bin/rsockperf -mode server -spin 100000 -addr $B:7200 -transports RsockRDMA > /tmp/rp_s.log 2>&1 &
+  timeout -k 5 300 /t/bin/rsockperf -mode server -spin 100000 -addr $B:7160 -transports RsockRDMA > /tmp/rp_s.log 2>&1 &
   spid=$!
-  wait_listen 7200 $spid || { kill $spid 2>/dev/null; cat /tmp/rp_s.log; return 1; }
-  timeout -k 5 240 /t/bin/rsockperf -mode client -spin 100000 -q -addr $B:7200 -transports RsockRDMA \
+  wait_listen 7160 $spid || { kill $spid 2>/dev/null; cat /tmp/rp_s.log; return 1; }
+  timeout -k 5 240 /t/bin/rsockperf -mode client -spin 100000 -q -addr $B:7160 -transports RsockRDMA \
     -workloads pingpong -sizes 64 -duration "${PERF_SECS}s" > /tmp/rp_c.log 2>&1
   crc=$?
   stop $spid rsockperf-server
