@@ -39,10 +39,6 @@ const pollLease = time.Millisecond
 // armedSpin is how long serve polls its ring, yielding, before it sleeps on the socket.
 const armedSpin = 30 * time.Microsecond
 
-// yieldEvery is how often (in polls) an empty Poll calls yieldCPU: every time, which
-// decides (yield.go).
-const yieldEvery = 1
-
 // maxDriven bounds the QPs a CQ's Poll drives: a CQ fed by more leaves them to their
 // goroutines rather than visit every one on every poll.
 const maxDriven = 64

@@ -13,30 +13,7 @@ import (
 // newEventEnd is newEnd with a CQ attached to a completion channel, which it returns.
 func newEventEnd(t *testing.T, p verbs.Provider, dev string, mrSize int) (*end, verbs.CompChannel) {
 	t.Helper()
-	e := &end{}
-	var err error
-	e.ctx, err = p.Open(dev)
-	require.NoError(t, err)
-	ch, err := e.ctx.CreateCompChannel()
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		for _, c := range []interface{ Close() error }{e.qp, e.mr, e.cq, ch, e.pd, e.ctx} {
-			if c != nil {
-				c.Close()
-			}
-		}
-	})
-	e.gid = e.ctx.Device().Ports[0].GIDs[0].GID
-	e.pd, err = e.ctx.AllocPD()
-	require.NoError(t, err)
-	e.cq, err = e.ctx.CreateCQ(1024, ch, 0)
-	require.NoError(t, err)
-	e.mr, err = e.pd.RegMR(mrSize, verbs.AccessLocalWrite|verbs.AccessRemoteWrite|verbs.AccessRemoteRead)
-	require.NoError(t, err)
-	e.qp, err = e.pd.CreateQP(verbs.QPInitAttr{SendCQ: e.cq, RecvCQ: e.cq,
-		Caps: verbs.QPCaps{MaxSendWR: 256, MaxRecvWR: 256, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInlineData: 64}})
-	require.NoError(t, err)
-	return e, ch
+	return newEndOn(t, p, dev, mrSize, true)
 }
 
 // TestArmedCQWakes: a CQ that was being polled (its rings left to the polls, no

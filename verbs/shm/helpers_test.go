@@ -23,12 +23,25 @@ type end struct {
 // destroyed when the test ends.
 func newEnd(t testing.TB, p verbs.Provider, dev string, mrSize int) *end {
 	t.Helper()
+	e, _ := newEndOn(t, p, dev, mrSize, false)
+	return e
+}
+
+// newEndOn is newEnd, with its CQ attached to a completion channel, which it returns,
+// when events is set.
+func newEndOn(t testing.TB, p verbs.Provider, dev string, mrSize int, events bool) (*end, verbs.CompChannel) {
+	t.Helper()
 	e := &end{}
 	var err error
 	e.ctx, err = p.Open(dev)
 	require.NoError(t, err)
+	var ch verbs.CompChannel
+	if events {
+		ch, err = e.ctx.CreateCompChannel()
+		require.NoError(t, err)
+	}
 	t.Cleanup(func() {
-		for _, c := range []interface{ Close() error }{e.qp, e.mr, e.cq, e.pd, e.ctx} {
+		for _, c := range []interface{ Close() error }{e.qp, e.mr, e.cq, ch, e.pd, e.ctx} {
 			if c != nil {
 				c.Close()
 			}
@@ -37,14 +50,14 @@ func newEnd(t testing.TB, p verbs.Provider, dev string, mrSize int) *end {
 	e.gid = e.ctx.Device().Ports[0].GIDs[0].GID
 	e.pd, err = e.ctx.AllocPD()
 	require.NoError(t, err)
-	e.cq, err = e.ctx.CreateCQ(1024, nil, 0)
+	e.cq, err = e.ctx.CreateCQ(1024, ch, 0)
 	require.NoError(t, err)
 	e.mr, err = e.pd.RegMR(mrSize, verbs.AccessLocalWrite|verbs.AccessRemoteWrite|verbs.AccessRemoteRead)
 	require.NoError(t, err)
 	e.qp, err = e.pd.CreateQP(verbs.QPInitAttr{SendCQ: e.cq, RecvCQ: e.cq,
 		Caps: verbs.QPCaps{MaxSendWR: 256, MaxRecvWR: 256, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInlineData: 64}})
 	require.NoError(t, err)
-	return e
+	return e, ch
 }
 
 // link moves e's QP to RTS, connected to QP qpn of the device whose GID is gid, with

@@ -105,14 +105,9 @@ func (c *Conn) directRegion(p []byte) (verbs.MR, uint64) {
 		}
 	}
 	e := &d.entries[victim]
-	if e.mr != nil {
-		// No direct WR is in flight between Writes: each waits for its own.
-		err := e.mr.Close()
-		*e = directMR{}
-		if err != nil {
-			c.failLocked(fmt.Errorf("%w: deregister a written buffer: %w", ErrQPFailed, err))
-			return nil, 0
-		}
+	// No direct WR is in flight between Writes: each waits for its own.
+	if !c.dropDirectLocked(e) {
+		return nil, 0
 	}
 	mr, err := d.reg.RegMemory(p, verbs.AccessLocalWrite)
 	if err != nil {
@@ -137,16 +132,26 @@ func (c *Conn) idleDirectLocked() {
 		return // the Write in progress may be using any entry
 	}
 	for i := range d.entries {
-		if e := &d.entries[i]; e.mr != nil && e.used <= d.atTick {
-			err := e.mr.Close()
-			*e = directMR{}
-			if err != nil {
-				c.failLocked(fmt.Errorf("%w: deregister a written buffer: %w", ErrQPFailed, err))
-				return
-			}
+		if e := &d.entries[i]; e.used <= d.atTick && !c.dropDirectLocked(e) {
+			return
 		}
 	}
 	d.atTick = d.clock
+}
+
+// dropDirectLocked deregisters e's buffer, if any, and stops referencing it. A
+// deregistration that fails fails the Conn: it reports false.
+func (c *Conn) dropDirectLocked(e *directMR) bool {
+	if e.mr == nil {
+		return true
+	}
+	err := e.mr.Close()
+	*e = directMR{}
+	if err != nil {
+		c.failLocked(fmt.Errorf("%w: deregister a written buffer: %w", ErrQPFailed, err))
+		return false
+	}
+	return true
 }
 
 // releaseDirectLocked deregisters every cached buffer; the Conn stages from now on.
