@@ -49,20 +49,31 @@ func (c *Config) sameHostProvider(boot bootConn) verbs.Provider {
 }
 
 // A same-host connection whose Config leaves the ring and staging sizes to the
-// defaults lets its ring grow to sameHostGrowRingTo and its staging buffer to
-// sameHostSendBuffer, rather than the RDMA defaults (128 KiB, 64 KiB): shared memory is
-// not pinned, and a larger window saves a stream between two processes most of its
-// credit round trips, each a wake-up of the other process. Idle connections shrink back
-// to the first ring all the same.
+// defaults gets a fixed ring of sameHostRingSize and a staging buffer of
+// sameHostSendBuffer, rather than the RDMA defaults (a ring growing from 8 KiB to 512
+// KiB, staging to half that). Shared memory is not pinned, and its pages are taken only
+// as the stream first touches them, so an end that never streams holds little of it;
+// one that did keeps its 3 MiB until it closes (rings of more than 512 KiB cannot
+// grow or shrink: flowctl resizes only within one credit unit), and it is charged in
+// full to the Listener's registered-memory budgets (Config.MaxRegisteredMemoryPerRemote).
+//
+// Why these sizes, measured on a 2-core EPYC with 2 MiB of L2 per core: moving 64 KiB
+// writes through a bare shared ring with two copies (verbs/shm's BenchmarkBoundRing)
+// ran, on a quiet host, at 1.6x a Unix socket with a 512 KiB ring, 2.8x with 1 MiB and
+// 6x with 2 MiB; within a core's L2, the writer's copy waits on lines the reader's core
+// still holds (a 64 KiB copy took 27 us with a 256 KiB ring, 1.4 us from 1 MiB on).
+// rsockperf's 64 KiB stream, at the median of five or six quiet runs: 1.5x Unix with the
+// growing ring, 2.1x with a 1 MiB ring and 1 MiB of staging, 2.8x with 2 MiB and 512
+// KiB, 3.1x with 2 MiB and 1 MiB, 3.0x with 4 MiB and 1 MiB.
 const (
-	sameHostGrowRingTo = 512 << 10
-	sameHostSendBuffer = 512 << 10
+	sameHostRingSize   = 2 << 20
+	sameHostSendBuffer = 1 << 20
 )
 
 // sameHostOptions applies those defaults to engine options o.
 func sameHostOptions(o rdma.Options) rdma.Options {
 	if o.RingSize == 0 && o.GrowRingTo == 0 {
-		o.GrowRingTo = sameHostGrowRingTo
+		o.RingSize = sameHostRingSize
 	}
 	if o.SendBufferSize == 0 {
 		o.SendBufferSize = sameHostSendBuffer
