@@ -1,6 +1,7 @@
 package rsock
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rsockio/rsock/rsock/internal/rdma"
+	"github.com/rsockio/rsock/verbs/soft"
 )
 
 // pipeBoot is one end of a net.Pipe as a bootConn: a connection with no socket under it.
@@ -143,4 +145,35 @@ func TestBootSpinReadWaits(t *testing.T) {
 	_, err := io.WriteString(s, "later")
 	require.NoError(t, err)
 	require.Equal(t, "later", <-got)
+}
+
+// TestHandshakePollSpin upgrades with the handshake's polling of the bootstrap
+// connection off, at one try, and at the default, on each side, and moves bytes both
+// ways: the polling changes when the answers are read, never what.
+func TestHandshakePollSpin(t *testing.T) {
+	for _, tt := range []struct{ server, client int }{
+		{-1, -1}, {-1, 0}, {0, -1}, {1, 1}, {0, 0},
+	} {
+		t.Run(fmt.Sprintf("server=%d,client=%d", tt.server, tt.client), func(t *testing.T) {
+			fab := soft.New(soft.Options{})
+			scfg, ccfg := rdmaConfigs(t, FallbackTCP, fab)
+			scfg.PollSpin, ccfg.PollSpin = tt.server, tt.client
+			ln := listen(t, scfg)
+			c, s := pipe(t, ln, ccfg)
+			require.Equal(t, TransportRDMA, c.Transport(), "client: %v", c.FallbackReason())
+			require.Equal(t, TransportRDMA, s.Transport(), "server: %v", s.FallbackReason())
+			for _, dir := range []struct{ w, r *Conn }{{c, s}, {s, c}} {
+				_, err := io.WriteString(dir.w, "ping")
+				require.NoError(t, err)
+				buf := make([]byte, 4)
+				_, err = io.ReadFull(dir.r, buf)
+				require.NoError(t, err)
+				require.Equal(t, "ping", string(buf))
+			}
+			require.NoError(t, c.Close())
+			require.NoError(t, s.Close())
+			require.NoError(t, ln.Close())
+			requireReleased(t, fab)
+		})
+	}
 }
