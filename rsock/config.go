@@ -207,6 +207,8 @@ type Config struct {
 	MaxRegisteredMemoryPerListener int64
 	// PollSpin is how many empty completion-queue polls the engine makes, yielding
 	// between them, before it sleeps on the completion channel. Negative never spins.
+	// It also bounds the non-blocking reads with which the RDMA handshake waits for the
+	// peer's answers on the bootstrap TCP connection before it blocks.
 	PollSpin int
 	// ReadBufferSize is how many bytes a connection buffers in ordinary (unpinned)
 	// memory, beyond its receive ring, while its application is not reading: what TCP

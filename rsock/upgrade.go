@@ -95,6 +95,8 @@ type dialState struct {
 	// allocates the state once rather than each buffer.
 	out [helloMaxLen]byte
 	in  helloReader
+	// spin reads the server's answer (bootspin.go).
+	spin bootSpin
 	// hctx is the handshake's context (clientHandshake), here for the same reason.
 	hctx handshakeCtx
 }
@@ -169,7 +171,8 @@ func (d *dialState) offerRDMA(ctx context.Context) (upgrade, error) {
 		ep.Abort()
 		return upgrade{}, err
 	}
-	h, err := d.in.read(d.boot)
+	d.spin.init(d.boot, d.cfg.PollSpin) // bootspin.go: the answer comes soon
+	h, err := d.in.read(&d.spin)
 	switch {
 	case errors.Is(err, ErrVersionMismatch) && h.kind == helloDecline:
 		ep.Abort()
@@ -276,7 +279,8 @@ type acceptState struct {
 	earlyWhy error // prepareEndpoint's reason
 	earlyErr error // prepareEndpoint's error
 
-	ans proofAnswer // the answer to the client's proof (acceptRDMA)
+	ans  proofAnswer // the answer to the client's proof (acceptRDMA)
+	spin bootSpin    // reads the client's confirmation (bootspin.go)
 }
 
 // prepareEarly prepares this side's endpoint before the client's offer is read, when
@@ -378,7 +382,8 @@ func (a *acceptState) acceptRDMA(ctx context.Context, offer *hello) (upgrade, er
 		return upgrade{}, fmt.Errorf("send hello: %w", err)
 	}
 	var b [1]byte
-	_, err = io.ReadFull(a.boot, b[:])
+	a.spin.init(a.boot, a.cfg.PollSpin) // bootspin.go: the confirmation comes soon
+	_, err = io.ReadFull(&a.spin, b[:])
 	c := confirmation{b[0], err}
 	// A confirmReady follows our proof, so its answer is recorded by then (or being
 	// recorded: outcome waits for it); on anything else the QP is abandoned below,

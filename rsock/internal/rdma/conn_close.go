@@ -172,10 +172,14 @@ func (c *Conn) drain() error {
 	if c.linger < 0 {
 		return nil
 	}
-	// The timer starts with the first wait and is stopped by one deferred call outside
-	// the loop: a defer inside it would be allocated on the heap.
+	// The FIN's completion usually follows at once: the wait polls for it first, as a
+	// waiting Write does (conn_poll.go), and only a longer one parks, with a timer. The
+	// timer starts with the first park and is stopped, and the spin ended, by one
+	// deferred call outside the loop: a defer inside it would be allocated on the heap.
+	s := spin{c: c}
 	var t *time.Timer
 	defer func() {
+		s.end()
 		if t != nil {
 			t.Stop()
 		}
@@ -196,6 +200,10 @@ func (c *Conn) drain() error {
 			return nil
 		case failed != nil:
 			return fmt.Errorf("rdma: close: %d work requests (writes or the FIN) never acknowledged by the peer, so bytes Write accepted may be lost: %w", unacked, failed)
+		}
+		if t == nil && s.more() {
+			c.pollWaiting()
+			continue
 		}
 		if t == nil {
 			t = time.NewTimer(c.linger)
