@@ -72,7 +72,7 @@ func pageRound(n int) int64 {
 // its bytes whatever path it took: a registration refused stages the Write, never
 // fails it.
 func TestWriteDirectPinned(t *testing.T) {
-	const size = 64 << 10
+	const size = directPinMinWrite
 	for _, tc := range []struct {
 		name       string
 		size       int
@@ -100,6 +100,7 @@ func TestWriteDirectPinned(t *testing.T) {
 		}, wantCalls: 1, wantCached: true, wantOn: true},
 		{name: "kernel ENOMEM", size: size, enomem: true, wantCalls: 1, wantOn: false},
 		{name: "over directPinMax", size: directPinMax + 1, wantCalls: 0, wantOn: true},
+		{name: "under directPinMinWrite", size: directPinMinWrite - 1, wantCalls: 0, wantOn: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := soft.New(soft.Options{})

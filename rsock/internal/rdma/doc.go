@@ -167,8 +167,10 @@
 // needed. On a provider that pins (rdma-core), those registrations pin the
 // application's pages, so they are counted like the engine's own regions (below) and
 // bounded (4 MiB a buffer, four buffers a connection, let go when idle); a Write whose
-// registration is refused is staged, never failed (directpin.go). On soft they are the
-// application's memory, neither pinned nor counted.
+// registration is refused is staged, never failed. There, direct Writes start at 1 MiB:
+// waiting for the device's completions costs each Write a round trip, which smaller
+// ones do not earn back (directpin.go). On soft they are the application's memory,
+// neither pinned nor counted.
 //
 // # Registered memory limits
 //

@@ -81,8 +81,9 @@ func (c *Conn) directRegion(p []byte) (verbs.MR, uint64) {
 		if c.ep != nil && c.ep.pd != nil {
 			d.reg, _ = c.ep.pd.(verbs.MemoryRegistrar)
 		}
+		c.pinnedMinLocked() // directpin.go
 	}
-	if d.reg == nil {
+	if d.reg == nil || len(p) < d.minLen {
 		return nil, 0
 	}
 	d.clock++
