@@ -32,8 +32,9 @@ const directPinMax = 4 << 20
 // acknowledged them, so the next Write cannot overlap this one's transfer: each costs
 // a round trip without data, where a staged Write returns once its bytes are copied
 // and posted. Under 1 MiB that round trip costs more than the copy it saves: on
-// Soft-RoCE in the CI's VM, a stream of 64 KiB direct Writes ran at about 0.75× the
-// staged one in the same boot; at 1 MiB the round trip is shared by 16 times the bytes.
+// Soft-RoCE in the CI's VM, streams of 64 KiB direct Writes ran at 0.56× to 0.76× the
+// staged ones beside them (two boots), where 1 MiB direct Writes ran at 1.0× to 1.2×
+// (one boot): the round trip is shared by 16 times the bytes.
 const directPinMinWrite = 1 << 20
 
 // pinnedMinLocked raises the smallest direct Write to directPinMinWrite on a provider
