@@ -88,6 +88,7 @@ func TestFakeLibibverbs(t *testing.T) {
 	t.Run("compat query_port", func(t *testing.T) { runChild(t, dir, "device", "FAKEVERBS_COMPAT=1") })
 	t.Run("GID table by ibv_query_gid_table", func(t *testing.T) { runChild(t, dir, "gid-table", "FAKEVERBS_GIDTABLE=1") })
 	t.Run("no device", func(t *testing.T) { runChild(t, dir, "no-device", "FAKEVERBS_NODEV=1") })
+	t.Run("caller memory", func(t *testing.T) { runChild(t, dir, "user-memory") }) // usermr_rdma_test.go
 
 	// A library that lacks the functions: Open reports which, as a LibraryError.
 	broken := t.TempDir()

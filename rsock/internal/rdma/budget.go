@@ -177,13 +177,38 @@ func (ep *Endpoint) registerMR(n int, access verbs.AccessFlags, what string) (ve
 // endpoint's first ring and send buffer live in the endpoint, so that preparing it
 // allocates less.
 func (ep *Endpoint) registerMRIn(m *countedMR, n int, access verbs.AccessFlags, what string) (verbs.MR, error) {
+	return ep.registerCounted(m, nil, nil, n, access, what)
+}
+
+// pinsMemory reports whether the endpoint's provider pins what it registers.
+func (ep *Endpoint) pinsMemory() bool {
 	p, _ := ep.dev.key.provider.(pinner)
-	pins := p != nil && p.PinsMemory()
+	return p != nil && p.PinsMemory()
+}
+
+// registerUserMR registers buf, memory the application owns, through reg (the
+// endpoint's PD), counted like the engine's own regions: against
+// Options.MaxRegisteredMemory, RLIMIT_MEMLOCK and Options.Budget. Direct writes
+// (zcopy.go) use it on a provider that pins; what they register on one that does not is
+// the application's memory, neither pinned nor the engine's, and left uncounted.
+func (ep *Endpoint) registerUserMR(reg verbs.MemoryRegistrar, buf []byte, access verbs.AccessFlags) (verbs.MR, error) {
+	return ep.registerCounted(nil, reg, buf, len(buf), access, "written buffer")
+}
+
+// registerCounted is registerMRIn and registerUserMR: with reg nil, it registers n
+// bytes of new memory; else buf, of n bytes, through reg.
+func (ep *Endpoint) registerCounted(m *countedMR, reg verbs.MemoryRegistrar, buf []byte, n int, access verbs.AccessFlags, what string) (verbs.MR, error) {
+	pins := ep.pinsMemory()
 	c, err := charge(ep.dev, pins, n, ep.opts.MaxRegisteredMemory)
 	if err != nil {
 		return nil, fmt.Errorf("register %d-byte %s: %w", n, what, err)
 	}
-	mr, err := ep.regMR(n, access) // the endpoint's own PD, charged to Options.Budget
+	var mr verbs.MR
+	if reg == nil {
+		mr, err = ep.regMR(n, access) // the endpoint's own PD, charged to Options.Budget
+	} else {
+		mr, err = ep.regUser(reg, buf, access)
+	}
 	if err != nil {
 		c.uncharge()
 		if errors.Is(err, syscall.ENOMEM) && pins {

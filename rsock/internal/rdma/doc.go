@@ -160,13 +160,17 @@
 // # Direct writes
 //
 // A Write of 32 KiB or more, on a provider whose protection domain registers memory
-// the caller owns (verbs.MemoryRegistrar: soft; not ibv or shm), skips the staging
+// the caller owns (verbs.MemoryRegistrar: soft and ibv; not shm), skips the staging
 // copy: it registers the application's buffer through a small per-connection cache and
 // posts from it, and returns once the device has completed those sends, so the buffer
 // may be reused at once (zcopy.go). The wire is unchanged, so no capability bit is
-// needed. Such registrations are the application's memory, not the engine's: they are
-// not charged to Options.MaxRegisteredMemory, which is why only a provider that does
-// not pin memory offers them today.
+// needed. On a provider that pins (rdma-core), those registrations pin the
+// application's pages, so they are counted like the engine's own regions (below) and
+// bounded (4 MiB a buffer, four buffers a connection, let go when idle); a Write whose
+// registration is refused is staged, never failed. There, direct Writes start at 1 MiB:
+// waiting for the device's completions costs each Write a round trip, which smaller
+// ones do not earn back (directpin.go). On soft they are the application's memory,
+// neither pinned nor counted.
 //
 // # Registered memory limits
 //

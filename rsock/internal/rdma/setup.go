@@ -410,6 +410,20 @@ func (ep *Endpoint) regMR(n int, access verbs.AccessFlags) (verbs.MR, error) {
 	return mr, nil
 }
 
+// regUser registers buf through reg, the endpoint's PD, charged to Options.Budget as
+// regMR's regions are.
+func (ep *Endpoint) regUser(reg verbs.MemoryRegistrar, buf []byte, access verbs.AccessFlags) (verbs.MR, error) {
+	if err := ep.charge(0, len(buf)); err != nil {
+		return nil, err
+	}
+	mr, err := reg.RegMemory(buf, access)
+	if err != nil {
+		ep.refund(0, len(buf))
+		return nil, err
+	}
+	return mr, nil
+}
+
 // charge asks the budget, if any, for qps queue pairs and bytes registered bytes.
 func (ep *Endpoint) charge(qps, bytes int) error {
 	if ep.opts.Budget == nil {

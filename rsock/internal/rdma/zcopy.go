@@ -16,7 +16,7 @@ import (
 // from there; the provider (or the NIC) then copies staging into the peer's ring, and
 // the peer's Read copies the ring into its buffer: three copies. Where the provider can
 // register memory the caller owns (its PD implements [verbs.MemoryRegistrar]: soft
-// does, ibv and shm do not), a Write of at least directMinWrite bytes skips the first:
+// and ibv do, shm does not), a Write of at least directMinWrite bytes skips the first:
 // it registers the buffer (through a small per-Conn cache keyed by address range, so a
 // buffer written again is registered once), posts RDMA_WRITE_WITH_IMMs whose SGEs name
 // the buffer, and returns only once the device has completed them, because the
@@ -41,7 +41,8 @@ import (
 // The cache keeps at most directCacheSize buffers registered, the least recently used
 // replaced first, and holds a reference to each, so that their memory can be neither
 // freed nor reused while registered (Go's heap does not move objects). A buffer no
-// Write used for a keepalive period is let go (idleDirectLocked).
+// Write used for a keepalive period is let go (idleDirectLocked). On a provider that
+// pins, registrations are also counted and bounded (directpin.go).
 const (
 	directMinWrite  = 32 << 10
 	directCacheSize = 4
@@ -80,8 +81,9 @@ func (c *Conn) directRegion(p []byte) (verbs.MR, uint64) {
 		if c.ep != nil && c.ep.pd != nil {
 			d.reg, _ = c.ep.pd.(verbs.MemoryRegistrar)
 		}
+		c.pinnedMinLocked() // directpin.go
 	}
-	if d.reg == nil {
+	if d.reg == nil || len(p) < d.minLen {
 		return nil, 0
 	}
 	d.clock++
@@ -109,7 +111,7 @@ func (c *Conn) directRegion(p []byte) (verbs.MR, uint64) {
 	if !c.dropDirectLocked(e) {
 		return nil, 0
 	}
-	mr, err := d.reg.RegMemory(p, verbs.AccessLocalWrite)
+	mr, err := c.registerDirect(d.reg, p) // directpin.go: counted where it pins
 	if err != nil {
 		if !errors.Is(err, verbs.ErrInvalidArgument) {
 			d.reg = nil // out of regions, most likely: stage from now on

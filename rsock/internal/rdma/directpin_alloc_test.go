@@ -1,0 +1,76 @@
+//go:build !race
+
+package rdma
+
+import (
+	"io"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/auto"
+	"github.com/rsockio/rsock/verbs/soft"
+)
+
+// (Not built with -race: the race detector's instrumentation allocates.)
+
+// TestWriteDirectPinnedAllocs checks that direct Writes on a provider that pins, whose
+// registrations are counted (directpin.go), allocate nothing once the buffer is
+// registered, and that they were direct: on soft made to pin, and, where this build
+// has one and the machine a device (built with -tags rdma, in the Soft-RoCE VM), on the
+// default provider, rdma-core's registrations of Go memory included.
+func TestWriteDirectPinnedAllocs(t *testing.T) {
+	type prov struct {
+		name string
+		p    verbs.Provider
+		f    *soft.Fabric // for the release check, or nil
+	}
+	f := soft.New(soft.Options{})
+	provs := []prov{{"soft-pinning", &pinningRegProvider{Fabric: f}, f}}
+	if p, err := auto.Default(); err == nil {
+		provs = append(provs, prov{"default-" + p.Name(), p, nil})
+	} else {
+		t.Logf("no default provider here, soft only: %v", err)
+	}
+	const size = directPinMinWrite
+	for _, pv := range provs {
+		t.Run(pv.name, func(t *testing.T) {
+			w, r := connPair(t, pv.p, Options{}) // on a device, it must hold a GID for 127.0.0.1
+			done := make(chan error, 1)
+			go func() {
+				buf := make([]byte, size)
+				for {
+					if _, err := io.ReadFull(r, buf); err != nil {
+						done <- err
+						return
+					}
+				}
+			}()
+			buf := make([]byte, size)
+			for range 8 { // the ring grows, the buffer is registered: the steady state
+				_, err := w.Write(buf)
+				require.NoError(t, err)
+			}
+			allocs := testing.AllocsPerRun(20, func() {
+				if _, err := w.Write(buf); err != nil {
+					panic(err)
+				}
+			})
+			_, canRegister := w.ep.pd.(verbs.MemoryRegistrar)
+			if canRegister { // soft and ibv; shm (a default on one host) has no direct path
+				require.Equal(t, 1, directRegistered(w), "registered buffers after %d-byte Writes", size)
+			}
+			require.NoError(t, w.Close())
+			require.ErrorIs(t, <-done, io.EOF)
+			require.NoError(t, r.Close())
+			require.Zero(t, allocs, "allocations per direct %d-byte Write and its Reads", size)
+			if pv.f != nil {
+				requireReleased(t, pv.f)
+			}
+			total, pinned := RegisteredMemory()
+			require.Zero(t, total, "registered bytes after Close")
+			require.Zero(t, pinned, "pinned bytes after Close")
+		})
+	}
+}
