@@ -1,6 +1,8 @@
 package rdma
 
 import (
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -98,12 +100,12 @@ func (c *Conn) WriteTo(w io.Writer) (int64, error) {
 		var n, m int
 		var werr error
 		if v.spilled > 0 {
-			n, werr = w.Write(c.spill.peek())
+			n, werr = writeCounted(w, c.spill.peek())
 		} else {
-			m, werr = w.Write(v.ring[v.first.Off : v.first.Off+v.first.Len])
+			m, werr = writeCounted(w, v.ring[v.first.Off:v.first.Off+v.first.Len])
 			if werr == nil && v.second.Len > 0 {
 				var k int
-				k, werr = w.Write(v.ring[:v.second.Len])
+				k, werr = writeCounted(w, v.ring[:v.second.Len])
 				m += k
 			}
 		}
@@ -114,6 +116,21 @@ func (c *Conn) WriteTo(w io.Writer) (int64, error) {
 		}
 		c.consume(n, m, false)
 	}
+}
+
+// errInvalidWrite is WriteTo's error for a writer that returned an impossible count.
+var errInvalidWrite = errors.New("rdma: write to: the writer returned an invalid count")
+
+// writeCounted is w.Write(b) for WriteTo, which consumes from the ring what the writer
+// says it took: a count below zero or beyond len(b), which io.Writer forbids, is
+// reported as an error and consumes nothing, rather than releasing bytes that were
+// never handed over (as io.Copy does with such a writer).
+func writeCounted(w io.Writer, b []byte) (int, error) {
+	k, err := w.Write(b)
+	if k < 0 || k > len(b) {
+		return 0, fmt.Errorf("%w: %d of %d bytes", errInvalidWrite, k, len(b))
+	}
+	return k, err
 }
 
 type piece struct{ Off, Len int }

@@ -450,3 +450,35 @@ func TestReadAcrossRingEnd(t *testing.T) {
 		require.Equal(t, "0123456789abcdef", string(got), "WriteTo %v", useWriteTo)
 	}
 }
+
+// countWriter is an io.Writer that takes nothing and returns count: a writer that
+// breaks io.Writer's contract.
+type countWriter struct{ count int }
+
+func (w countWriter) Write(p []byte) (int, error) { return w.count, nil }
+
+// TestWriteToInvalidCount: a writer that reports a count below zero or beyond what it
+// was given makes WriteTo fail without consuming a byte, so a later Read still gets
+// them all, in order.
+func TestWriteToInvalidCount(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		count int
+	}{
+		{"negative", -1},
+		{"beyond the slice", len("ring bytes") + 1},
+		{"far beyond", 1 << 30},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newFakeConn(t, &fakeQP{})
+			arrive(t, c, 0, flowctl.KindData, 0, "ring bytes")
+			n, err := c.WriteTo(countWriter{tt.count})
+			require.ErrorIs(t, err, errInvalidWrite)
+			require.Zero(t, n)
+			buf := make([]byte, 64)
+			n2, err := c.Read(buf)
+			require.NoError(t, err)
+			require.Equal(t, "ring bytes", string(buf[:n2]), "bytes consumed by the failed WriteTo")
+		})
+	}
+}
