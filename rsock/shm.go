@@ -70,8 +70,14 @@ const (
 	sameHostSendBuffer = 1 << 20
 )
 
-// sameHostOptions applies those defaults to engine options o.
+// sameHostOptions applies those defaults to engine options o, and waits for the peer's
+// acknowledgements without an ACK timeout (rdma.Options.NoACKTimeout): on shared memory
+// the peer's process, not a device, acknowledges, and on a loaded host its answers to
+// hundreds of streaming connections came later than the half second that fails a QP
+// ("transport retry counter exceeded"); its death is seen at once on the Unix socket,
+// and a peer that lives but answers nothing still meets the engine's silence bound.
 func sameHostOptions(o rdma.Options) rdma.Options {
+	o.NoACKTimeout = true
 	if o.RingSize == 0 && o.GrowRingTo == 0 {
 		o.RingSize = sameHostRingSize
 	}

@@ -179,17 +179,18 @@ func (f fakeBoot) LocalAddr() net.Addr  { return f.local }
 func (f fakeBoot) RemoteAddr() net.Addr { return f.remote }
 
 // TestSameHostOptions: a same-host connection has a fixed ring and a staging buffer
-// larger than the RDMA defaults, unless the Config sets its own sizes.
+// larger than the RDMA defaults, unless the Config sets its own sizes, and never an ACK
+// timeout.
 func TestSameHostOptions(t *testing.T) {
 	tests := []struct {
 		name     string
 		in, want rdma.Options
 	}{
-		{"Defaults", rdma.Options{}, rdma.Options{RingSize: sameHostRingSize, SendBufferSize: sameHostSendBuffer}},
-		{"FixedRing", rdma.Options{RingSize: 256 << 10}, rdma.Options{RingSize: 256 << 10, SendBufferSize: sameHostSendBuffer}},
-		{"OwnGrowth", rdma.Options{GrowRingTo: 32 << 10}, rdma.Options{GrowRingTo: 32 << 10, SendBufferSize: sameHostSendBuffer}},
-		{"OwnStaging", rdma.Options{SendBufferSize: 4 << 10}, rdma.Options{RingSize: sameHostRingSize, SendBufferSize: 4 << 10}},
-		{"OwnFirstRing", rdma.Options{RingSize: 16 << 10}, rdma.Options{RingSize: 16 << 10, SendBufferSize: sameHostSendBuffer}},
+		{"Defaults", rdma.Options{}, rdma.Options{RingSize: sameHostRingSize, SendBufferSize: sameHostSendBuffer, NoACKTimeout: true}},
+		{"FixedRing", rdma.Options{RingSize: 256 << 10}, rdma.Options{RingSize: 256 << 10, SendBufferSize: sameHostSendBuffer, NoACKTimeout: true}},
+		{"OwnGrowth", rdma.Options{GrowRingTo: 32 << 10}, rdma.Options{GrowRingTo: 32 << 10, SendBufferSize: sameHostSendBuffer, NoACKTimeout: true}},
+		{"OwnStaging", rdma.Options{SendBufferSize: 4 << 10}, rdma.Options{RingSize: sameHostRingSize, SendBufferSize: 4 << 10, NoACKTimeout: true}},
+		{"OwnFirstRing", rdma.Options{RingSize: 16 << 10}, rdma.Options{RingSize: 16 << 10, SendBufferSize: sameHostSendBuffer, NoACKTimeout: true}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

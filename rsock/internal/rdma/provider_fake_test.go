@@ -295,6 +295,7 @@ type fakeVerbsQP struct {
 
 	mu    sync.Mutex
 	state verbs.QPState
+	rts   verbs.RTSAttr // what it was moved to RTS with
 	sends int
 	recvs int
 }
@@ -302,9 +303,14 @@ type fakeVerbsQP struct {
 func (q *fakeVerbsQP) QPN() uint32               { return q.qpn }
 func (q *fakeVerbsQP) State() verbs.QPState      { q.mu.Lock(); defer q.mu.Unlock(); return q.state }
 func (q *fakeVerbsQP) ToRTR(verbs.RTRAttr) error { return q.to(verbs.QPStateRTR) }
-func (q *fakeVerbsQP) ToRTS(verbs.RTSAttr) error { return q.to(verbs.QPStateRTS) }
-func (q *fakeVerbsQP) ToError() error            { return q.to(verbs.QPStateError) }
-func (q *fakeVerbsQP) ToReset() error            { return q.to(verbs.QPStateReset) }
+func (q *fakeVerbsQP) ToRTS(a verbs.RTSAttr) error {
+	q.mu.Lock()
+	q.rts = a
+	q.mu.Unlock()
+	return q.to(verbs.QPStateRTS)
+}
+func (q *fakeVerbsQP) ToError() error { return q.to(verbs.QPStateError) }
+func (q *fakeVerbsQP) ToReset() error { return q.to(verbs.QPStateReset) }
 
 func (q *fakeVerbsQP) to(s verbs.QPState) error {
 	q.mu.Lock()

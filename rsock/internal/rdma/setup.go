@@ -63,6 +63,14 @@ type Options struct {
 	// RoCEVersion is the preferred RoCE version of the source GID where the local IP
 	// has a GID of each, 1 or 2; 0 means no preference (v2). See verbs.Selector.
 	RoCEVersion int
+	// NoACKTimeout makes the QP wait for the peer's acknowledgements without a time
+	// limit (RTS timeout 0) rather than fail with a transport retry error after about
+	// half a second without one (ackTimeout tries of ackRetries). It is for providers
+	// whose responder is the peer's process, not its device (verbs/shm): the scheduler
+	// may hold that process back for longer under load, and the provider learns of its
+	// death from its socket at once. The silence bound (conn_alive.go) still ends a
+	// connection whose peer lives but completes nothing.
+	NoACKTimeout bool
 
 	// netdevOf replaces the selector's interface lookup (verbs.Selector.NetdevOf) in tests.
 	netdevOf func(netip.Addr) (string, error)
@@ -386,14 +394,30 @@ func (ep *Endpoint) connectQP(peer Offer) error {
 	}
 	err = ep.qp.ToRTS(verbs.RTSAttr{
 		SQPSN:      ep.psn,
-		Timeout:    14, // 4.096 µs × 2^14 ≈ 67 ms per try
-		RetryCount: 7,
+		Timeout:    ep.ackTimeout(),
+		RetryCount: ackRetries,
 		RNRRetry:   7,
 	})
 	if err != nil {
 		return fmt.Errorf("QP to RTS: %w", err)
 	}
 	return nil
+}
+
+// The QP's acknowledgement timeout, encoded as the RTS attribute (4.096 µs × 2^14 ≈ 67
+// ms per try), and its retries: a path dead for about half a second fails the QP.
+const (
+	ackTimeout = 14
+	ackRetries = 7
+)
+
+// ackTimeout is the RTS timeout the endpoint's QP uses: ackTimeout, or 0 (none) with
+// Options.NoACKTimeout.
+func (ep *Endpoint) ackTimeout() uint8 {
+	if ep.opts.NoACKTimeout {
+		return 0
+	}
+	return ackTimeout
 }
 
 // regMR registers n bytes with the given access in the endpoint's own protection

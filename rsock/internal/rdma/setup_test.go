@@ -212,3 +212,31 @@ func TestPrepareOnFakeProvider(t *testing.T) {
 	require.Equal(t, fakeCounts{Contexts: 1, CQs: 1, Chans: 1}, live, "warm: the device and one CQ")
 	requireFakeReleased(t, p)
 }
+
+// TestACKTimeout: the QP goes to RTS with the engine's ACK timeout and retries, or with
+// no timeout (0: wait for ever) when Options.NoACKTimeout says so.
+func TestACKTimeout(t *testing.T) {
+	for _, tt := range []struct {
+		name        string
+		noTimeout   bool
+		wantTimeout uint8
+	}{
+		{"default", false, ackTimeout},
+		{"none", true, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newFakeProvider()
+			ep, err := Prepare(p, loopback, Options{NoACKTimeout: tt.noTimeout})
+			require.NoError(t, err)
+			require.NoError(t, ep.connectQP(ep.Offer()))
+			q := ep.qp.(*fakeVerbsQP)
+			q.mu.Lock()
+			rts := q.rts
+			q.mu.Unlock()
+			require.Equal(t, tt.wantTimeout, rts.Timeout, "RTS timeout")
+			require.Equal(t, uint8(ackRetries), rts.RetryCount, "RTS retry count")
+			require.NoError(t, ep.Abort())
+			requireFakeReleased(t, p)
+		})
+	}
+}
