@@ -139,11 +139,11 @@ func (b *listenerBudget) check(u *usage, key netip.Prefix, qps, bytes int) error
 	case u != nil && over(int64(b.maxQPsRemote), int64(u.qps), q):
 		return &limitError{"RDMA connections", scope, "MaxRDMAConnsPerRemote", int64(b.maxQPsRemote), int64(u.qps), q}
 	case u != nil && over(b.maxBytesRemote, u.bytes, n):
-		return &limitError{"bytes of registered memory", scope, "MaxRegisteredMemoryPerRemote", b.maxBytesRemote, u.bytes, n}
+		return &limitError{memoryLimit, scope, "MaxRegisteredMemoryPerRemote", b.maxBytesRemote, u.bytes, n}
 	case over(int64(b.maxQPs), int64(b.total.qps), q):
 		return &limitError{"RDMA connections", "the listener", "MaxRDMAConnsPerListener", int64(b.maxQPs), int64(b.total.qps), q}
 	case over(b.maxBytes, b.total.bytes, n):
-		return &limitError{"bytes of registered memory", "the listener", "MaxRegisteredMemoryPerListener", b.maxBytes, b.total.bytes, n}
+		return &limitError{memoryLimit, "the listener", "MaxRegisteredMemoryPerListener", b.maxBytes, b.total.bytes, n}
 	}
 	return nil
 }
@@ -166,6 +166,9 @@ func (r *remoteBudget) Refund(qps, bytes int) {
 		}
 	}
 }
+
+// memoryLimit is a limitError's what for the registered-memory limits.
+const memoryLimit = "bytes of registered memory"
 
 // limitError is a refusal by a Listener's budget. Its text names the limit, its figure,
 // what was held and what was asked, and the Config field that sets it:

@@ -54,8 +54,11 @@ func (c *Config) sameHostProvider(boot bootConn) verbs.Provider {
 // KiB, staging to half that). Shared memory is not pinned, and its pages are taken only
 // as the stream first touches them, so an end that never streams holds little of it;
 // one that did keeps its 3 MiB until it closes (rings of more than 512 KiB cannot
-// grow or shrink: flowctl resizes only within one credit unit), and it is charged in
-// full to the Listener's registered-memory budgets (Config.MaxRegisteredMemoryPerRemote).
+// grow or shrink: flowctl resizes only within one credit unit). It is charged in full
+// to the registered-memory limits (Config.MaxRegisteredMemory, the Listener's
+// MaxRegisteredMemoryPerRemote, 2 GiB by default: some 680 such ends); a connection the
+// limits refuse it gets the ordinary growing ring instead, still on shared memory
+// (prepareEndpoint), and falls back to TCP only if that does not fit either.
 //
 // Why these sizes, measured on a 2-core EPYC with 2 MiB of L2 per core: moving 64 KiB
 // writes through a bare shared ring with two copies (verbs/shm's BenchmarkBoundRing)
@@ -84,6 +87,14 @@ func sameHostOptions(o rdma.Options) rdma.Options {
 	if o.SendBufferSize == 0 {
 		o.SendBufferSize = sameHostSendBuffer
 	}
+	return o
+}
+
+// sameHostSmallOptions are the options of a same-host connection whose ring of
+// sameHostRingSize did not fit a memory limit (prepareEndpoint): the Config's sizes, a
+// growing ring by default, still without an ACK timeout.
+func sameHostSmallOptions(o rdma.Options) rdma.Options {
+	o.NoACKTimeout = true
 	return o
 }
 

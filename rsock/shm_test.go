@@ -96,7 +96,8 @@ func TestSHMTwoProcesses(t *testing.T) {
 }
 
 // TestSHMSelection: which side's Config keeps a same-host connection off shared memory,
-// and the reason each side then gives.
+// and the reason each side then gives; a memory limit that the same-host ring is over
+// gets the ordinary ring on shared memory instead.
 func TestSHMSelection(t *testing.T) {
 	tests := []struct {
 		name           string
@@ -108,6 +109,11 @@ func TestSHMSelection(t *testing.T) {
 		{"ClientDisables", nil, &Config{DisableSHM: true}, "", nil},
 		{"ServerDisables", &Config{DisableSHM: true}, nil, TransportTCP, ErrNoProvider},
 		{"ClientDisablesRDMA", nil, &Config{DisableRDMA: true}, TransportTCP, ErrNoProvider},
+		// The same-host ring is over these memory limits; the ordinary one is not.
+		{"ServerBudgetSmall", &Config{MaxRegisteredMemoryPerRemote: 1 << 20}, nil, TransportSHM, nil},
+		{"ClientBudgetSmall", nil, &Config{MaxRegisteredMemory: 1 << 20}, TransportSHM, nil},
+		// Not even the ordinary ring fits.
+		{"ServerBudgetTiny", &Config{MaxRegisteredMemoryPerRemote: 4 << 10}, nil, TransportTCP, ErrResourcesExhausted},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -536,11 +536,17 @@ func prepareEndpoint(ctx context.Context, cfg *Config, boot bootConn, budget rdm
 		return nil, &FallbackError{Err: fmt.Errorf("%w: no local IP address for %v", ErrNoDevice, boot.LocalAddr())}, nil
 	}
 	opts := cfg.rdmaOptions()
-	if sameHost {
-		opts = sameHostOptions(opts)
-	}
 	opts.Budget = budget
-	ep, err = rdma.PrepareContext(ctx, p, ip, opts)
+	if sameHost {
+		ep, err = rdma.PrepareContext(ctx, p, ip, sameHostOptions(opts))
+		if err != nil && ctx.Err() == nil && memoryRefused(err) {
+			// The same-host ring did not fit a memory limit: the ordinary, growing one
+			// may, and shared memory with it still beats a fallback to TCP.
+			ep, err = rdma.PrepareContext(ctx, p, ip, sameHostSmallOptions(opts))
+		}
+	} else {
+		ep, err = rdma.PrepareContext(ctx, p, ip, opts)
+	}
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return nil, nil, fmt.Errorf("prepare rdma endpoint: %w", ctx.Err())
@@ -548,6 +554,17 @@ func prepareEndpoint(ctx context.Context, cfg *Config, boot bootConn, budget rdm
 		return nil, &FallbackError{Err: prepareReason(p, err)}, nil
 	}
 	return ep, nil, nil
+}
+
+// memoryRefused reports whether err refused an endpoint for the memory it would
+// register: a registered-memory budget (the engine's, or a Listener's per-remote or
+// per-listener one) or RLIMIT_MEMLOCK.
+func memoryRefused(err error) bool {
+	var limit *limitError
+	if errors.As(err, &limit) && limit.what == memoryLimit {
+		return true
+	}
+	return errors.Is(err, rdma.ErrMemoryBudget) || errors.Is(err, rdma.ErrMemlock)
 }
 
 // localIP is the address the RDMA device is chosen by: the bootstrap connection's local
