@@ -10,6 +10,7 @@ import "C"
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"sync"
 	"unsafe"
 
@@ -117,8 +118,9 @@ func (p *pd) RegMR(length int, access verbs.AccessFlags) (verbs.MR, error) {
 type mr struct {
 	pd     *pd
 	mr     *C.struct_ibv_mr
-	mem    []byte // the whole mapping, as unix.Munmap wants it
-	buf    []byte // the registered bytes
+	mem    []byte          // the whole mapping, as unix.Munmap wants it; nil for the caller's memory
+	pin    *runtime.Pinner // the caller's memory (RegMemory), pinned while registered; else nil
+	buf    []byte          // the registered bytes
 	addr   uint64
 	lkey   uint32
 	rkey   uint32
@@ -134,7 +136,9 @@ func (m *mr) LKey() uint32              { return m.lkey }
 func (m *mr) RKey() uint32              { return m.rkey }
 func (m *mr) Access() verbs.AccessFlags { return m.access }
 
-// Close deregisters the region, then unmaps its memory.
+// Close deregisters the region, then unmaps its memory, or for the caller's memory
+// (RegMemory) unpins it. If deregistration fails, the memory stays mapped or pinned: the
+// device may still hold it.
 func (m *mr) Close() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -146,6 +150,10 @@ func (m *mr) Close() error {
 	}
 	m.closed = true
 	m.buf = nil
+	if m.pin != nil {
+		m.pin.Unpin()
+		return nil
+	}
 	if err := unix.Munmap(m.mem); err != nil {
 		return fmt.Errorf("ibv: dereg mr: munmap: %w", err)
 	}

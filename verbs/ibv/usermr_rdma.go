@@ -10,7 +10,6 @@ import "C"
 import (
 	"fmt"
 	"runtime"
-	"sync"
 	"unsafe"
 
 	"github.com/rsockio/rsock/verbs"
@@ -50,7 +49,7 @@ func (p *pd) RegMemory(buf []byte, access verbs.AccessFlags) (verbs.MR, error) {
 		return nil, err
 	}
 	defer p.release()
-	m := &userMR{pd: p, buf: buf[:len(buf):len(buf)], access: access}
+	m := &mr{pd: p, pin: new(runtime.Pinner), buf: buf[:len(buf):len(buf)], access: access}
 	base := unsafe.Pointer(unsafe.SliceData(buf))
 	m.pin.Pin(base)
 	r, err := C.rsock_reg_mr(p.pd, base, C.size_t(len(buf)), C.int(access))
@@ -63,42 +62,4 @@ func (p *pd) RegMemory(buf []byte, access verbs.AccessFlags) (verbs.MR, error) {
 	m.lkey = uint32(r.lkey)
 	m.rkey = uint32(r.rkey)
 	return m, nil
-}
-
-// userMR implements verbs.MR over an ibv_mr of memory the caller owns (RegMemory).
-type userMR struct {
-	pd     *pd
-	mr     *C.struct_ibv_mr
-	pin    runtime.Pinner // buf, from registration to deregistration
-	buf    []byte
-	addr   uint64
-	lkey   uint32
-	rkey   uint32
-	access verbs.AccessFlags
-
-	mu     sync.Mutex
-	closed bool
-}
-
-func (m *userMR) Bytes() []byte             { return m.buf }
-func (m *userMR) Addr() uint64              { return m.addr }
-func (m *userMR) LKey() uint32              { return m.lkey }
-func (m *userMR) RKey() uint32              { return m.rkey }
-func (m *userMR) Access() verbs.AccessFlags { return m.access }
-
-// Close deregisters the region, then unpins and lets go of the caller's memory. If
-// deregistration fails, the memory stays pinned: the device may still hold it.
-func (m *userMR) Close() error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.closed {
-		return fmt.Errorf("ibv: deregister memory: %w", verbs.ErrClosed)
-	}
-	if rc, err := C.rsock_dereg_mr(m.mr); rc != 0 {
-		return errnoError("deregister memory", errnoOf(int(rc), err), classDestroy)
-	}
-	m.closed = true
-	m.pin.Unpin()
-	m.buf = nil
-	return nil
 }
