@@ -49,12 +49,18 @@ func (c *CQ) Capacity() int { return c.core.Capacity() }
 // Poll moves up to len(wc) completions into wc. It allocates nothing.
 //
 // It first drains the rings of the QPs that feed the CQ (drive.go): a polling
-// application moves their requests and responses itself.
+// application moves their requests and responses itself. An empty Poll keeps looking
+// for a few microseconds before it returns (pollwait.go).
 func (c *CQ) Poll(wc []verbs.WorkCompletion) (int, error) {
 	c.polls.Add(1)
-	c.drive()
-	n, err := c.core.Poll(wc)
-	if n == 0 && err == nil {
+	var n int
+	var err error
+	found := host.spinPoll(func() bool { // a moment's wait for the peer (pollwait.go)
+		c.drive()
+		n, err = c.core.Poll(wc)
+		return n != 0 || err != nil
+	})
+	if !found {
 		yieldCPU() // its policy decides whether the processor is given up (yield.go)
 	}
 	return n, err

@@ -50,8 +50,9 @@
 // Polling a CQ drains the rings that feed it before it reaps (drive.go): the request
 // rings of its QPs' incoming connections and the response rings of their outgoing ones,
 // so a busy-polling application moves requests and completions itself, with no
-// wake-up and no system call; an empty poll yields the processor (sched_yield) to the
-// peer process that should fill it. A goroutine per connection end covers the rest and
+// wake-up and no system call; an empty poll looks again for a couple of microseconds
+// (pollwait.go), then yields the processor (sched_yield) to the peer process that
+// should fill it. A goroutine per connection end covers the rest and
 // sleeps in the netpoller on the socket: it says so in the channel first, and the peer
 // that publishes a record for a sleeping consumer rings its doorbell, a one-byte
 // datagram; while the CQ a ring feeds is being polled, and not armed, its goroutine

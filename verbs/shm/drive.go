@@ -27,7 +27,8 @@ import (
 // the socket, and otherwise says it sleeps; responders ring its doorbell only for
 // responses a requester asked to have at once (reqNotify, wire.go).
 //
-// Every empty Poll yields the processor (yieldCPU, yield.go), or every eighth one on a
+// Every empty Poll, after a short wait that drives the rings again (pollwait.go),
+// yields the processor (yieldCPU, yield.go), or every eighth one on a
 // host whose cores are contended: an application spinning on its CQ leaves the cores
 // to the peer process, which fills it. A CQ fed by more than maxDriven QPs (one CQ
 // serving many connections) is not driven: its rings go through the goroutines and
