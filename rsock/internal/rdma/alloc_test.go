@@ -14,24 +14,32 @@ import (
 
 // (Not built with -race: the race detector's instrumentation allocates.)
 
+// allocProvider is a provider an allocation test runs on.
+type allocProvider struct {
+	name string
+	p    verbs.Provider
+	f    *soft.Fabric // for the release check, or nil
+}
+
+// withDefaultProvider is first and, where this build has one and the machine a device
+// (built with -tags rdma, in the Soft-RoCE VM), the default provider after it.
+func withDefaultProvider(t *testing.T, first allocProvider) []allocProvider {
+	p, err := auto.Default()
+	if err != nil {
+		t.Logf("no default provider here, %s only: %v", first.name, err)
+		return []allocProvider{first}
+	}
+	return []allocProvider{first, {"default-" + p.Name(), p, nil}}
+}
+
 // TestSteadyStateAllocs checks that steady-state Write and Read allocate nothing, on
 // soft and, where this build has one and the machine a device (built with -tags rdma,
 // in the Soft-RoCE VM), on the default provider: a completion wait that allocated
 // showed only there. testing.AllocsPerRun counts every goroutine's allocations, so
 // the pollers and the peer's goroutine are included.
 func TestSteadyStateAllocs(t *testing.T) {
-	type prov struct {
-		name string
-		p    verbs.Provider
-		f    *soft.Fabric // for the release check, or nil
-	}
 	f := soft.New(soft.Options{})
-	provs := []prov{{"soft", f, f}}
-	if p, err := auto.Default(); err == nil {
-		provs = append(provs, prov{"default-" + p.Name(), p, nil})
-	} else {
-		t.Logf("no default provider here, soft only: %v", err)
-	}
+	provs := withDefaultProvider(t, allocProvider{"soft", f, f})
 	const size = 64 << 10
 	for _, pv := range provs {
 		t.Run(pv.name, func(t *testing.T) {

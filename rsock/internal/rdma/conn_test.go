@@ -69,6 +69,22 @@ func connPair(t testing.TB, p verbs.Provider, opts Options) (*Conn, *Conn) {
 	return connPairIPs(t, p, loopback.String(), loopback.String(), opts)
 }
 
+// drainReads reads r in size-byte pieces until a Read fails, in a goroutine of its
+// own, and sends that error: the far end of a test that times or counts Writes.
+func drainReads(r net.Conn, size int) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		buf := make([]byte, size)
+		for {
+			if _, err := io.ReadFull(r, buf); err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	return done
+}
+
 func TestNetConn(t *testing.T) {
 	f := soft.New(soft.Options{})
 	nettest.TestConn(t, func() (c1, c2 net.Conn, stop func(), err error) {

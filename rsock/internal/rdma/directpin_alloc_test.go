@@ -9,7 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rsockio/rsock/verbs"
-	"github.com/rsockio/rsock/verbs/auto"
 	"github.com/rsockio/rsock/verbs/soft"
 )
 
@@ -21,32 +20,13 @@ import (
 // has one and the machine a device (built with -tags rdma, in the Soft-RoCE VM), on the
 // default provider, rdma-core's registrations of Go memory included.
 func TestWriteDirectPinnedAllocs(t *testing.T) {
-	type prov struct {
-		name string
-		p    verbs.Provider
-		f    *soft.Fabric // for the release check, or nil
-	}
 	f := soft.New(soft.Options{})
-	provs := []prov{{"soft-pinning", &pinningRegProvider{Fabric: f}, f}}
-	if p, err := auto.Default(); err == nil {
-		provs = append(provs, prov{"default-" + p.Name(), p, nil})
-	} else {
-		t.Logf("no default provider here, soft only: %v", err)
-	}
+	provs := withDefaultProvider(t, allocProvider{"soft-pinning", &pinningRegProvider{Fabric: f}, f})
 	const size = directPinMinWrite
 	for _, pv := range provs {
 		t.Run(pv.name, func(t *testing.T) {
 			w, r := connPair(t, pv.p, Options{}) // on a device, it must hold a GID for 127.0.0.1
-			done := make(chan error, 1)
-			go func() {
-				buf := make([]byte, size)
-				for {
-					if _, err := io.ReadFull(r, buf); err != nil {
-						done <- err
-						return
-					}
-				}
-			}()
+			done := drainReads(r, size)
 			buf := make([]byte, size)
 			for range 8 { // the ring grows, the buffer is registered: the steady state
 				_, err := w.Write(buf)

@@ -22,16 +22,7 @@ func TestWriteDirectAllocs(t *testing.T) {
 		t.Run(fmt.Sprintf("%dB", size), func(t *testing.T) {
 			f := soft.New(soft.Options{})
 			w, r := connPair(t, f, Options{})
-			done := make(chan error, 1)
-			go func() {
-				buf := make([]byte, size)
-				for {
-					if _, err := io.ReadFull(r, buf); err != nil {
-						done <- err
-						return
-					}
-				}
-			}()
+			done := drainReads(r, size)
 			buf := make([]byte, size)
 			allocs := testing.AllocsPerRun(100, func() {
 				if _, err := w.Write(buf); err != nil {

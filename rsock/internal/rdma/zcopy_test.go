@@ -532,16 +532,7 @@ func BenchmarkWriteDirect(b *testing.B) {
 				f := soft.New(soft.Options{})
 				w, r := connPair(b, f, Options{})
 				w.direct.minLen = mode.min
-				done := make(chan struct{})
-				go func() {
-					defer close(done)
-					buf := make([]byte, size)
-					for {
-						if _, err := io.ReadFull(r, buf); err != nil {
-							return
-						}
-					}
-				}()
+				done := drainReads(r, size)
 				buf := make([]byte, size)
 				b.SetBytes(int64(size))
 				b.ReportAllocs()
