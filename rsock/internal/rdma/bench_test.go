@@ -74,3 +74,29 @@ func BenchmarkPingPong64B(b *testing.B) {
 	c1.Close()
 	c2.Close()
 }
+
+// BenchmarkPingPong64BOneGoroutine is BenchmarkPingPong64B with one goroutine driving
+// both ends in turn (write on one, read on the other, and back): the engine's own cost of
+// a 64-byte round trip, without the hand-off between two goroutines (or cores) that the
+// two-party exchange adds. It is the counterpart of BenchmarkSoftVerbs's
+// PingPong64BOneGoroutine in benchmarks/, which rsockperf's SoftVerbs pingpong measures:
+// the ratio of the two is what the socket layer adds to raw soft verbs.
+func BenchmarkPingPong64BOneGoroutine(b *testing.B) {
+	f := soft.New(soft.Options{})
+	c1, c2 := connPair(b, f, Options{})
+	defer c1.Close()
+	defer c2.Close()
+	buf := make([]byte, 64)
+	b.SetBytes(64)
+	b.ReportAllocs()
+	for b.Loop() {
+		for _, hop := range [2][2]*Conn{{c1, c2}, {c2, c1}} {
+			if _, err := hop[0].Write(buf); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := io.ReadFull(hop[1], buf); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}

@@ -103,6 +103,36 @@ func TestPollerGoroutineYieldsToken(t *testing.T) {
 	require.Equal(t, []uint64{1}, wa)
 }
 
+// TestPollerYieldAfter: a waiter yields after an empty poll (unless its CQ's polls
+// yield by themselves) and after finding the token taken with one processor only;
+// never after reaping, nor after finding the token taken when another processor holds
+// it.
+func TestPollerYieldAfter(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		n          int   // what pollFor returned
+		procs      int32 // maxSpinners
+		pollYields bool  // the CQ's empty polls yield by themselves
+		want       bool
+	}{
+		{name: "reaped", n: 3, procs: 2},
+		{name: "reaped, one processor", n: 1, procs: 1},
+		{name: "empty", n: 0, procs: 2, want: true},
+		{name: "empty, one processor", n: 0, procs: 1, want: true},
+		{name: "empty, CQ yielded", n: 0, procs: 2, pollYields: true},
+		{name: "token taken", n: -1, procs: 2},
+		{name: "token taken, many processors", n: -1, procs: 64},
+		{name: "token taken, one processor", n: -1, procs: 1, want: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cq := yieldingCQ{newFakeCQ(), tc.pollYields}
+			p := &poller{cq: cq, yielder: cqYielder(cq), maxSpinners: tc.procs}
+			require.Equal(t, tc.want, p.yieldAfter(tc.n), "yieldAfter(%d) with %d processors, CQ yields %v",
+				tc.n, tc.procs, tc.pollYields)
+		})
+	}
+}
+
 // pollingConn returns a fake Conn whose poller has no goroutine: completions pushed on
 // cq reach the Conn only through the polls of its own waiting Reads and Writes (or the
 // test's). spin is the poller's spin, which bounds those polls.
