@@ -35,7 +35,7 @@ type Conn struct {
 	rmu, wmu sync.Mutex
 
 	mu  sync.Mutex
-	fc  *flowctl.Endpoint
+	fc  flowctl.Endpoint
 	err error // sticky failure: QP or CQ error, protocol violation, control loss
 
 	// Peer ring, as the offer described it.
@@ -140,7 +140,7 @@ type queuePair interface {
 // ErrKeepaliveTimeout. On error the endpoint is still the caller's to Abort; after
 // success it belongs to the Conn.
 func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) (*Conn, error) {
-	fc, err := flowctl.NewEndpoint(
+	fc, err := flowctl.MakeEndpoint(
 		flowctl.Params{RingSize: ep.opts.RingSize, RecvWQEs: ep.opts.RecvWQEs},
 		flowctl.Params{RingSize: int(peer.RingSize), RecvWQEs: int(peer.RecvWQEs)},
 	)

@@ -81,7 +81,7 @@ const (
 func newFakeConn(t *testing.T, q *fakeQP) *Conn {
 	t.Helper()
 	params := flowctl.Params{RingSize: fakeRing, RecvWQEs: fakeWQEs}
-	fc, err := flowctl.NewEndpoint(params, params)
+	fc, err := flowctl.MakeEndpoint(params, params)
 	require.NoError(t, err)
 	ctrl, peer := net.Pipe()
 	t.Cleanup(func() { ctrl.Close(); peer.Close() })
