@@ -281,6 +281,11 @@ type acceptState struct {
 
 	ans  proofAnswer // the answer to the client's proof (acceptRDMA)
 	spin bootSpin    // reads the client's confirmation (bootspin.go)
+
+	// The Listener's handshake (handshake.go) keeps its hello reader and context here,
+	// in the allocation it makes for the accept state anyway.
+	hr   helloReader
+	hctx handshakeCtx
 }
 
 // prepareEarly prepares this side's endpoint before the client's offer is read, when
