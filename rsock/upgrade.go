@@ -377,7 +377,7 @@ func (a *acceptState) acceptRDMA(ctx context.Context, offer *hello) (upgrade, er
 	ans := &a.ans
 	ans.conn, ans.client, ans.server = conn, offer.rdma.Nonce, accept.Nonce
 	ans.ringRKey, ans.ringAddr = mine.RingRKey, mine.RingAddr
-	conn.OnProof(func() { a.ans.answer() })
+	conn.OnProof(&a.ans) // ProofArrived: answer
 	ah := acceptHello(accept)
 	if shm != nil {
 		ah.caps |= capSHM
@@ -440,6 +440,10 @@ type proofAnswer struct {
 	answered bool  // answer ran
 	why      error // why the client's proof did not bind, or was not answered
 }
+
+// ProofArrived answers the client's proof: proofAnswer is the engine's
+// [rdma.ProofHandler], handed over without a closure around it.
+func (p *proofAnswer) ProofArrived() { p.answer() }
 
 // answer checks the client's proof and, if it binds to this connection's hellos
 // (nonces client and server), tells the engine the client's ring and sends our proof,

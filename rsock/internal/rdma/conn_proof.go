@@ -48,8 +48,8 @@ type proofState struct {
 	buf  [ProofMaxLen]byte
 	n    int
 	err  error
-	// arrived, if set (OnProof), is called once the proof has arrived.
-	arrived func()
+	// arrived, if set (OnProof), is told once the proof has arrived.
+	arrived ProofHandler
 }
 
 // finishProofLocked records the outcome of the wait for the peer's proof, once. Called
@@ -86,22 +86,36 @@ func (c *Conn) onProof(wc *verbs.WorkCompletion) {
 	arrived := c.proof.arrived
 	c.mu.Unlock()
 	if first && arrived != nil {
-		arrived()
+		arrived.ProofArrived()
 	}
 }
 
-// OnProof has f called once the peer's proof has arrived, on the goroutine that
+// OnProof has h told once the peer's proof has arrived, on the goroutine that
 // received it (the poller's), after the Conn has recorded it and with no lock held, so
 // that the caller can answer the proof without a goroutine of its own woken to do it.
-// It is set before the peer can send its proof, and f is not called when the Conn
-// failed first ([Conn.ProofDone] and [Conn.Proof] say so either way). f must not
+// It is set before the peer can send its proof, and h is not told when the Conn
+// failed first ([Conn.ProofDone] and [Conn.Proof] say so either way). h must not
 // block, nor close or abandon the Conn (the poller is not to wait for itself): it may
 // call Proof, SetPeerRing and SendProof.
-func (c *Conn) OnProof(f func()) {
+func (c *Conn) OnProof(h ProofHandler) {
 	c.mu.Lock()
-	c.proof.arrived = f
+	c.proof.arrived = h
 	c.mu.Unlock()
 }
+
+// ProofHandler is told of the peer's proof ([Conn.OnProof]). It is an interface rather
+// than a function so that a caller's state that answers the proof can be handed over
+// as it is, a pointer, where a closure over it would cost every connection an
+// allocation.
+type ProofHandler interface {
+	ProofArrived()
+}
+
+// ProofFunc is a function as a [ProofHandler].
+type ProofFunc func()
+
+// ProofArrived calls f.
+func (f ProofFunc) ProofArrived() { f() }
 
 // SendProof posts p (at most ProofMaxLen bytes) to the peer as one signaled SEND, the
 // first message on the QP. It is called at most once, before [Conn.Start]; the peer's

@@ -60,11 +60,11 @@ func TestProofArrival(t *testing.T) {
 			require.ErrorIs(t, err, ErrNoProof, "before the completion")
 			copy(c.proofSlot, "hello")
 			var arrived []string // what OnProof's function read, once per call
-			c.OnProof(func() {
+			c.OnProof(ProofFunc(func() {
 				p, err := c.Proof() // no lock is held: this would deadlock otherwise
 				require.NoError(t, err, "Proof from OnProof's function")
 				arrived = append(arrived, string(p))
-			})
+			}))
 			c.onCompletion(&tt.wc)
 			select {
 			case <-c.ProofDone():
@@ -98,7 +98,7 @@ func TestOnProofAfterFailure(t *testing.T) {
 	q := &fakeQP{}
 	c := newFakeConn(t, q)
 	calls := 0
-	c.OnProof(func() { calls++ })
+	c.OnProof(ProofFunc(func() { calls++ }))
 	c.mu.Lock()
 	c.failLocked(ErrQPFailed)
 	c.mu.Unlock()
