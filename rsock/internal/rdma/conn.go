@@ -92,7 +92,7 @@ type Conn struct {
 
 	readable chan struct{} // cap 1: data, FIN or failure arrived
 	writable chan struct{} // cap 1: credit, staging or SQ space arrived, or failure
-	drained  chan struct{} // cap 1: a send completion arrived (Close waits for the drain)
+	drained  chan struct{} // cap 1: a send completion arrived (Close waits for the drain); made, under mu, by the first drain that parks
 	closed   chan struct{} // closed by Close
 	rdl, wdl deadline
 
@@ -180,7 +180,6 @@ func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) 
 		linger:       ep.opts.Linger,
 		readable:     make(chan struct{}, 1),
 		writable:     make(chan struct{}, 1),
-		drained:      make(chan struct{}, 1),
 		closed:       make(chan struct{}),
 		kaPeriod:     keepalive,
 		proof:        proofState{done: make(chan struct{})},

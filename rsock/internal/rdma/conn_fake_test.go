@@ -103,7 +103,6 @@ func newFakeConn(t *testing.T, q *fakeQP) *Conn {
 		spillMax:     fakeRing,
 		readable:     make(chan struct{}, 1),
 		writable:     make(chan struct{}, 1),
-		drained:      make(chan struct{}, 1),
 		closed:       make(chan struct{}),
 		proof:        proofState{done: make(chan struct{})},
 	}
