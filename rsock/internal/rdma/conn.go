@@ -182,7 +182,6 @@ func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) 
 		writable:     make(chan struct{}, 1),
 		closed:       make(chan struct{}),
 		kaPeriod:     keepalive,
-		proof:        proofState{done: make(chan struct{})},
 		proofSlot:    ep.ring.Bytes()[ep.opts.RingSize+mailboxProof:][:ProofMaxLen],
 	}
 	if ep.opts.grows() {

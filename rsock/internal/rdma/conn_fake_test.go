@@ -104,7 +104,6 @@ func newFakeConn(t *testing.T, q *fakeQP) *Conn {
 		readable:     make(chan struct{}, 1),
 		writable:     make(chan struct{}, 1),
 		closed:       make(chan struct{}),
-		proof:        proofState{done: make(chan struct{})},
 	}
 	return c
 }

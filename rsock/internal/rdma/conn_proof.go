@@ -40,11 +40,13 @@ const proofRecvIndex = seqMask
 // arrived.
 var ErrNoProof = errors.New("rdma: no proof from the peer")
 
-// proofState is a Conn's side of the exchange. Guarded by Conn.mu; done is closed
-// once, when the peer's proof arrived or the Conn failed first.
+// proofState is a Conn's side of the exchange. Guarded by Conn.mu. got is set, and
+// done closed, once, when the peer's proof arrived or the Conn failed first; done is
+// made by the first ProofDone, which most connections never call (SpinProof and
+// OnProof wait without it), so that setting up one allocates no channel for nothing.
 type proofState struct {
-	done chan struct{}
-	got  bool // done is closed
+	done chan struct{} // nil until ProofDone
+	got  bool          // the wait is over; done, if made, is closed
 	buf  [ProofMaxLen]byte
 	n    int
 	err  error
@@ -59,7 +61,9 @@ func (c *Conn) finishProofLocked(n int, err error) {
 		return
 	}
 	c.proof.got, c.proof.n, c.proof.err = true, n, err
-	close(c.proof.done)
+	if c.proof.done != nil {
+		close(c.proof.done)
+	}
 }
 
 // onProof handles the completion of the proof WQE, on the poller's goroutine.
@@ -146,7 +150,25 @@ func (c *Conn) SendProof(p []byte) error {
 
 // ProofDone returns a channel closed when the peer's proof has arrived or the Conn has
 // failed before it; [Conn.Proof] then says which.
-func (c *Conn) ProofDone() <-chan struct{} { return c.proof.done }
+func (c *Conn) ProofDone() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.proof.done == nil {
+		c.proof.done = make(chan struct{})
+		if c.proof.got {
+			close(c.proof.done)
+		}
+	}
+	return c.proof.done
+}
+
+// proofOver reports whether the wait for the peer's proof is over, as a closed
+// ProofDone would, without making its channel.
+func (c *Conn) proofOver() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.proof.got
+}
 
 // SpinProof polls the Conn's completion queue for the peer's proof, as a waiting Read
 // polls for its data (conn_poll.go): up to the poller's spin bound, yielding between
@@ -160,10 +182,8 @@ func (c *Conn) SpinProof() bool {
 	s := spin{c: c}
 	defer s.end()
 	for {
-		select {
-		case <-c.proof.done:
+		if c.proofOver() {
 			return true
-		default:
 		}
 		if !s.more() {
 			return false
