@@ -99,6 +99,9 @@ type dialState struct {
 	spin bootSpin
 	// hctx is the handshake's context (clientHandshake), here for the same reason.
 	hctx handshakeCtx
+	// config holds the dial's resolved Config (DialRsock), which cfg points to unless
+	// the dial had to copy it again (withServerName).
+	config Config
 }
 
 // sendMagic sends the hello's first bytes, its magic, before the device preparation,
