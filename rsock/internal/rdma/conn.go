@@ -157,7 +157,8 @@ func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) 
 	} else {
 		stageEnd = make([]uint64, depth)
 	}
-	c := &Conn{
+	c := &ep.conn // in the Endpoint, which the Conn keeps
+	*c = Conn{
 		ep:           ep,
 		qp:           ep.qp,
 		gen:          ep.gen,
