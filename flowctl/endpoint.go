@@ -186,14 +186,23 @@ type policy struct {
 // NewEndpoint returns the flow-control state of a connection whose own receive side is
 // local and whose peer's is peer. Both must be valid Params.
 func NewEndpoint(local, peer Params) (*Endpoint, error) {
-	if err := local.validate("local "); err != nil {
+	e, err := MakeEndpoint(local, peer)
+	if err != nil {
 		return nil, err
+	}
+	return &e, nil
+}
+
+// MakeEndpoint is [NewEndpoint] returning the state itself, for a connection that keeps
+// it inside its own struct rather than behind one more allocation.
+func MakeEndpoint(local, peer Params) (Endpoint, error) {
+	if err := local.validate("local "); err != nil {
+		return Endpoint{}, err
 	}
 	if err := peer.validate("peer "); err != nil {
-		return nil, err
+		return Endpoint{}, err
 	}
-	e := newEndpoint(local, peer)
-	return &e, nil
+	return newEndpoint(local, peer), nil
 }
 
 // newEndpoint builds an Endpoint without range checks, so the model tests can use rings

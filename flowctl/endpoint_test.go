@@ -489,3 +489,34 @@ func TestCreditNow(t *testing.T) {
 		})
 	}
 }
+
+// TestMakeEndpoint checks that MakeEndpoint builds what NewEndpoint points to, rejects
+// what it rejects, and allocates nothing for a connection that keeps the state inline.
+func TestMakeEndpoint(t *testing.T) {
+	good := Params{RingSize: MinRingSize, RecvWQEs: MinRecvWQEs}
+	tests := []struct {
+		name        string
+		local, peer Params
+		ok          bool
+	}{
+		{"valid", good, Params{RingSize: 2 * MinRingSize, RecvWQEs: 2 * MinRecvWQEs}, true},
+		{"local ring not a power of two", Params{RingSize: MinRingSize + 1, RecvWQEs: MinRecvWQEs}, good, false},
+		{"peer WQEs too few", good, Params{RingSize: MinRingSize, RecvWQEs: MinRecvWQEs - 1}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e, err := MakeEndpoint(tt.local, tt.peer)
+			p, perr := NewEndpoint(tt.local, tt.peer)
+			if !tt.ok {
+				require.ErrorIs(t, err, ErrBadParams, "MakeEndpoint(%+v, %+v)", tt.local, tt.peer)
+				require.Equal(t, perr, err, "NewEndpoint's error and MakeEndpoint's for (%+v, %+v)", tt.local, tt.peer)
+				return
+			}
+			require.NoError(t, err)
+			require.NoError(t, perr)
+			require.Equal(t, *p, e, "MakeEndpoint(%+v, %+v) against *NewEndpoint", tt.local, tt.peer)
+			allocs := testing.AllocsPerRun(10, func() { e, _ = MakeEndpoint(tt.local, tt.peer) })
+			require.Zero(t, allocs, "allocations of MakeEndpoint(%+v, %+v)", tt.local, tt.peer)
+		})
+	}
+}

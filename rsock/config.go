@@ -258,6 +258,16 @@ type Config struct {
 // c is invalid.
 func (c *Config) resolve() (*Config, error) {
 	r := &Config{}
+	if err := c.resolveInto(r); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// resolveInto is resolve writing the copy into r, for a caller that keeps it inside a
+// struct it allocates anyway (a dial's state), rather than in one more allocation.
+func (c *Config) resolveInto(r *Config) error {
+	*r = Config{}
 	if c != nil {
 		*r = *c
 	}
@@ -285,13 +295,10 @@ func (c *Config) resolve() (*Config, error) {
 		r.MaxRegisteredMemoryPerListener = DefaultMaxRegisteredMemoryPerListener
 	}
 	if err := r.applyEnv(processEnv()); err != nil { // env.go
-		return nil, err
+		return err
 	}
 	if r.Logger == nil {
 		r.Logger = defaultLogger() // listener_log.go
 	}
-	if err := r.check(); err != nil { // config_check.go
-		return nil, err
-	}
-	return r, nil
+	return r.check() // config_check.go
 }

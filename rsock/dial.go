@@ -86,10 +86,11 @@ func (d *Dialer) DialAddr(ctx context.Context, address string) (net.Conn, error)
 
 // DialRsock is DialContext returning the connection's concrete type.
 func (d *Dialer) DialRsock(ctx context.Context, network, address string) (*Conn, error) {
-	cfg, err := d.Config.resolve()
-	if err != nil {
+	ds := &dialState{} // with the resolved Config inside: one allocation for both
+	if err := d.Config.resolveInto(&ds.config); err != nil {
 		return nil, fmt.Errorf("rsock: dial %s: %w", address, err)
 	}
+	cfg := &ds.config
 	if err := checkNetwork(network); err != nil {
 		return nil, fmt.Errorf("rsock: dial %s: %w", address, err)
 	}
@@ -110,7 +111,8 @@ func (d *Dialer) DialRsock(ctx context.Context, network, address string) (*Conn,
 	if err = ctxError(ctx, err); err != nil {
 		return nil, fmt.Errorf("rsock: dial %s: %w", address, err)
 	}
-	c, err := clientHandshake(ctx, &dialState{cfg: cfg, boot: boot, transport: transport})
+	ds.cfg, ds.boot, ds.transport = cfg, boot, transport
+	c, err := clientHandshake(ctx, ds)
 	if err != nil {
 		boot.Close()
 		metrics.handshakeFailed(err)

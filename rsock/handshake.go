@@ -15,7 +15,10 @@ import (
 // closing raw.
 func (l *Listener) handshake(raw bootConn, transport string) (*Conn, error) {
 	deadline := time.Now().Add(l.cfg.HandshakeTimeout)
-	var hr helloReader
+	// The hello's reader, the handshake's context and the accept state go together:
+	// one allocation for the three.
+	a := &acceptState{cfg: l.cfg, boot: raw, transport: transport}
+	hr := &a.hr
 	if l.cfg.AcceptPlainClients && transport == TransportTCP {
 		sniffEnd := time.Now().Add(l.cfg.PlainSniffTimeout)
 		if sniffEnd.After(deadline) {
@@ -36,11 +39,11 @@ func (l *Listener) handshake(raw bootConn, transport string) (*Conn, error) {
 			return c, nil
 		}
 	}
-	ctx := &handshakeCtx{} // context.WithDeadline's, without a timer unless something waits on it
+	ctx := &a.hctx // context.WithDeadline's, without a timer unless something waits on it
 	ctx.init(l.ctx, deadline)
 	defer ctx.release()
 	raw.SetDeadline(deadline)
-	c, err := l.answer(ctx, raw, transport, &hr)
+	c, err := l.answer(ctx, a)
 	if err != nil {
 		return nil, err
 	}
@@ -51,9 +54,11 @@ func (l *Listener) handshake(raw bootConn, transport string) (*Conn, error) {
 // testHookSniffed, when tests set it (before Listen), is told each sniff's verdict.
 var testHookSniffed func(isHello bool)
 
-// answer reads the client's offer (its first bytes may already be in hr) and answers it.
-func (l *Listener) answer(ctx context.Context, raw bootConn, transport string, hr *helloReader) (*Conn, error) {
-	a := &acceptState{cfg: l.cfg, boot: raw, transport: transport, budget: l.budget.forRemote(raw.RemoteAddr())}
+// answer reads the client's offer on a.boot (its first bytes may already be in a.hr) and
+// answers it.
+func (l *Listener) answer(ctx context.Context, a *acceptState) (*Conn, error) {
+	raw, transport, hr := a.boot, a.transport, &a.hr
+	a.budget = l.budget.forRemote(raw.RemoteAddr())
 	a.prepareEarly(ctx) // upgrade.go: on a warm device, while the offer is on its way
 	defer a.abortEarly()
 	h, err := hr.read(raw)
@@ -70,7 +75,7 @@ func (l *Listener) answer(ctx context.Context, raw bootConn, transport string, h
 		return nil, fmt.Errorf("client hello: %w: an %v where an offer belongs", ErrBadHello, h.kind)
 	}
 
-	var reason error = &FallbackError{Err: ErrPeerOfferedNone}
+	var reason error // the decline's, made only for one: an upgrade needs none
 	if h.offersRDMA() {
 		up, err := a.acceptRDMA(ctx, &h)
 		switch {
@@ -82,6 +87,8 @@ func (l *Listener) answer(ctx context.Context, raw bootConn, transport string, h
 			return newConn(raw, transport, up.reason), nil
 		}
 		reason = up.reason
+	} else {
+		reason = &FallbackError{Err: ErrPeerOfferedNone}
 	}
 	if err := writeHello(raw, declineHello(declineReasonOf(reason))); err != nil {
 		return nil, fmt.Errorf("send hello: %w", err)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math/bits"
+	"sync"
 
 	"github.com/rsockio/rsock/verbs"
 )
@@ -375,10 +376,15 @@ func helloErrFinal(err error) bool {
 
 // writeHello encodes h and writes it to w in one Write.
 func writeHello(w io.Writer, h hello) error {
-	var buf [helloMaxLen]byte
+	buf := helloBufs.Get().(*[helloMaxLen]byte)
 	_, err := w.Write(h.appendTo(buf[:0]))
+	helloBufs.Put(buf)
 	return err
 }
+
+// helloBufs holds writeHello's buffers. A buffer on writeHello's stack would escape
+// through w, an interface, and cost every handshake an allocation.
+var helloBufs = sync.Pool{New: func() any { return new([helloMaxLen]byte) }}
 
 // declineReason is why a server declines an upgrade, as the hello carries it.
 type declineReason uint8

@@ -34,7 +34,7 @@ type listenerBudget struct {
 
 	mu     sync.Mutex
 	total  usage
-	remote map[netip.Prefix]*usage // entries are deleted once they hold nothing
+	remote map[netip.Prefix]usage // entries are deleted once they hold nothing; by value, so that a connection from a new address allocates none
 }
 
 // newListenerBudget returns the budget of a Listener with resolved configuration cfg.
@@ -45,7 +45,7 @@ func newListenerBudget(cfg *Config) *listenerBudget {
 		maxBytes:       max(cfg.MaxRegisteredMemoryPerListener, 0),
 		maxQPsRemote:   max(cfg.MaxRDMAConnsPerRemote, 0),
 		maxBytesRemote: max(cfg.MaxRegisteredMemoryPerRemote, 0),
-		remote:         make(map[netip.Prefix]*usage),
+		remote:         make(map[netip.Prefix]usage),
 	}
 }
 
@@ -103,20 +103,20 @@ func (r *remoteBudget) Charge(qps, bytes int) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var u *usage
+	var held usage
 	if r.keyed {
-		if u = b.remote[r.key]; u == nil {
-			u = &usage{}
-		}
+		held = b.remote[r.key]
+		u = &held // a local: check formats nothing unless it refuses
 	}
 	if err := b.check(u, r.key, qps, bytes); err != nil {
 		return err
 	}
 	b.total.qps += qps
 	b.total.bytes += int64(bytes)
-	if u != nil {
-		u.qps += qps
-		u.bytes += int64(bytes)
-		b.remote[r.key] = u
+	if r.keyed {
+		held.qps += qps
+		held.bytes += int64(bytes)
+		b.remote[r.key] = held
 	}
 	return nil
 }
@@ -158,11 +158,13 @@ func (r *remoteBudget) Refund(qps, bytes int) {
 	if !r.keyed {
 		return
 	}
-	if u := b.remote[r.key]; u != nil {
+	if u, ok := b.remote[r.key]; ok {
 		u.qps -= qps
 		u.bytes -= int64(bytes)
 		if u.qps == 0 && u.bytes == 0 {
 			delete(b.remote, r.key)
+		} else {
+			b.remote[r.key] = u
 		}
 	}
 }

@@ -16,10 +16,7 @@ import (
 func (b *listenerBudget) held(key netip.Prefix) (total, remote usage, remotes int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if u := b.remote[key]; u != nil {
-		remote = *u
-	}
-	return b.total, remote, len(b.remote)
+	return b.total, b.remote[key], len(b.remote)
 }
 
 func tcpAddr(s string) net.Addr { return net.TCPAddrFromAddrPort(netip.MustParseAddrPort(s)) }

@@ -99,6 +99,9 @@ type dialState struct {
 	spin bootSpin
 	// hctx is the handshake's context (clientHandshake), here for the same reason.
 	hctx handshakeCtx
+	// config holds the dial's resolved Config (DialRsock), which cfg points to unless
+	// the dial had to copy it again (withServerName).
+	config Config
 }
 
 // sendMagic sends the hello's first bytes, its magic, before the device preparation,
@@ -281,6 +284,11 @@ type acceptState struct {
 
 	ans  proofAnswer // the answer to the client's proof (acceptRDMA)
 	spin bootSpin    // reads the client's confirmation (bootspin.go)
+
+	// The Listener's handshake (handshake.go) keeps its hello reader and context here,
+	// in the allocation it makes for the accept state anyway.
+	hr   helloReader
+	hctx handshakeCtx
 }
 
 // prepareEarly prepares this side's endpoint before the client's offer is read, when
@@ -372,7 +380,7 @@ func (a *acceptState) acceptRDMA(ctx context.Context, offer *hello) (upgrade, er
 	ans := &a.ans
 	ans.conn, ans.client, ans.server = conn, offer.rdma.Nonce, accept.Nonce
 	ans.ringRKey, ans.ringAddr = mine.RingRKey, mine.RingAddr
-	conn.OnProof(func() { a.ans.answer() })
+	conn.OnProof(&a.ans) // ProofArrived: answer
 	ah := acceptHello(accept)
 	if shm != nil {
 		ah.caps |= capSHM
@@ -435,6 +443,10 @@ type proofAnswer struct {
 	answered bool  // answer ran
 	why      error // why the client's proof did not bind, or was not answered
 }
+
+// ProofArrived answers the client's proof: proofAnswer is the engine's
+// [rdma.ProofHandler], handed over without a closure around it.
+func (p *proofAnswer) ProofArrived() { p.answer() }
 
 // answer checks the client's proof and, if it binds to this connection's hellos
 // (nonces client and server), tells the engine the client's ring and sends our proof,

@@ -267,10 +267,10 @@ func (ctx *devContext) apply(typ C.int, element uintptr) verbs.AsyncEvent {
 // on the async fd through the netpoller, and queued here.
 func (ctx *devContext) WaitAsyncEvent(c context.Context) (verbs.AsyncEvent, error) {
 	e, err := ctx.events.Wait(c)
-	if err != nil {
+	if err != nil && errors.Is(err, verbs.ErrClosed) {
 		return e, fmt.Errorf("ibv: %s: %w", ctx.attr.Name, err)
 	}
-	return e, nil
+	return e, err // c.Err() as is, as verbs asks: a wait ended on purpose builds no error
 }
 
 // pollFile returns a pollable *os.File for fd, a descriptor owned by libibverbs: it

@@ -2,6 +2,7 @@ package soft
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -66,10 +67,10 @@ func (h *eventHub) portState(num uint8, initial PortState) PortState {
 // [Fabric.FailDevice], and EventQPFatal through [Fabric.FailQP].
 func (c *Context) WaitAsyncEvent(ctx context.Context) (verbs.AsyncEvent, error) {
 	e, err := c.events.Wait(ctx)
-	if err != nil {
+	if err != nil && errors.Is(err, verbs.ErrClosed) {
 		return e, fmt.Errorf("soft: %w", err)
 	}
-	return e, nil
+	return e, err // ctx.Err() as is, as verbs asks: a wait ended on purpose builds no error
 }
 
 // SetPortState sets the state of port num of the named device, as a link going down

@@ -38,8 +38,9 @@ type QP struct {
 	// timer drives the send queue while its head waits: for its delivery time, an RNR
 	// timer or an ACK timeout. It is also reset to fire at once after a fatal error, so
 	// that the queues are flushed. Timer callbacks run on their own goroutines, so no
-	// goroutine exists while nothing waits.
-	timer *time.Timer
+	// goroutine exists while nothing waits. It is made when first armed (sqTimer): most
+	// QPs run every WR at once, from the posting goroutine, and never need one.
+	timer atomic.Pointer[time.Timer]
 
 	polled rc.Slots // send- and receive-queue slots released by polled completions
 
@@ -172,8 +173,6 @@ func (p *PD) CreateQP(attr verbs.QPInitAttr) (verbs.QP, error) {
 		vec = make([][]byte, vsq+vrq)
 	}
 	q.sq.vec, q.rq.vec = vec[:0:vsq], vec[vsq:vsq]
-	q.timer = time.AfterFunc(time.Hour, q.runSQ)
-	q.timer.Stop()
 	d.addQP(q)
 	d.fab.live.qps.Add(1)
 	return q, nil
@@ -280,7 +279,7 @@ func (q *QP) ToReset() error {
 		return fmt.Errorf("soft: QP %#x: to RESET: %w", q.qpn, verbs.ErrClosed)
 	}
 	q.state.Store(int32(verbs.QPStateReset))
-	q.timer.Stop()
+	q.stopTimer()
 	q.discardLocked(false)
 	q.sq.reset(q.polled.SQ.Load())
 	q.rq.reset(q.polled.RQ.Load())
@@ -329,7 +328,7 @@ func (q *QP) Close() error {
 	q.discardLocked(true)
 	q.sq.peer = nil
 	q.unlock()
-	q.timer.Stop()
+	q.stopTimer()
 	q.dev.removeQP(q)
 	q.sendCQ.unuse()
 	q.recvCQ.unuse()
@@ -343,7 +342,29 @@ func (q *QP) Close() error {
 // both queues soon. It takes no lock, so it may be called holding any of them.
 func (q *QP) fail() {
 	if rc.Fail(&q.state, &q.closed) {
-		q.timer.Reset(0)
+		q.sqTimer().Reset(0)
+	}
+}
+
+// sqTimer returns the QP's timer, stopped when new, making it on first use. Callers
+// race (fail takes no lock): the first to store its timer wins, and a loser's, never
+// started, is dropped.
+func (q *QP) sqTimer() *time.Timer {
+	if t := q.timer.Load(); t != nil {
+		return t
+	}
+	t := time.AfterFunc(time.Hour, q.runSQ)
+	t.Stop()
+	if !q.timer.CompareAndSwap(nil, t) {
+		return q.timer.Load()
+	}
+	return t
+}
+
+// stopTimer stops the QP's timer, if it has one.
+func (q *QP) stopTimer() {
+	if t := q.timer.Load(); t != nil {
+		t.Stop()
 	}
 }
 

@@ -171,7 +171,7 @@ func (q *QP) armLocked() {
 	if e.forever {
 		return
 	}
-	q.timer.Reset(max(time.Until(e.due), 0))
+	q.sqTimer().Reset(max(time.Until(e.due), 0))
 }
 
 // runSQ is the timer callback: it works through the send queue as far as it can.
@@ -202,7 +202,7 @@ func (q *QP) driveLocked() {
 			return
 		}
 		if now := time.Now(); now.Before(e.due) {
-			q.timer.Reset(e.due.Sub(now))
+			q.sqTimer().Reset(e.due.Sub(now))
 			return
 		}
 		if e.ackWait {

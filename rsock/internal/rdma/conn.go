@@ -35,7 +35,7 @@ type Conn struct {
 	rmu, wmu sync.Mutex
 
 	mu  sync.Mutex
-	fc  *flowctl.Endpoint
+	fc  flowctl.Endpoint
 	err error // sticky failure: QP or CQ error, protocol violation, control loss
 
 	// Peer ring, as the offer described it.
@@ -92,7 +92,7 @@ type Conn struct {
 
 	readable chan struct{} // cap 1: data, FIN or failure arrived
 	writable chan struct{} // cap 1: credit, staging or SQ space arrived, or failure
-	drained  chan struct{} // cap 1: a send completion arrived (Close waits for the drain)
+	drained  chan struct{} // cap 1: a send completion arrived (Close waits for the drain); made, under mu, by the first drain that parks
 	closed   chan struct{} // closed by Close
 	rdl, wdl deadline
 
@@ -140,7 +140,7 @@ type queuePair interface {
 // ErrKeepaliveTimeout. On error the endpoint is still the caller's to Abort; after
 // success it belongs to the Conn.
 func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) (*Conn, error) {
-	fc, err := flowctl.NewEndpoint(
+	fc, err := flowctl.MakeEndpoint(
 		flowctl.Params{RingSize: ep.opts.RingSize, RecvWQEs: ep.opts.RecvWQEs},
 		flowctl.Params{RingSize: int(peer.RingSize), RecvWQEs: int(peer.RecvWQEs)},
 	)
@@ -157,7 +157,8 @@ func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) 
 	} else {
 		stageEnd = make([]uint64, depth)
 	}
-	c := &Conn{
+	c := &ep.conn // in the Endpoint, which the Conn keeps
+	*c = Conn{
 		ep:           ep,
 		qp:           ep.qp,
 		gen:          ep.gen,
@@ -180,10 +181,8 @@ func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) 
 		linger:       ep.opts.Linger,
 		readable:     make(chan struct{}, 1),
 		writable:     make(chan struct{}, 1),
-		drained:      make(chan struct{}, 1),
 		closed:       make(chan struct{}),
 		kaPeriod:     keepalive,
-		proof:        proofState{done: make(chan struct{})},
 		proofSlot:    ep.ring.Bytes()[ep.opts.RingSize+mailboxProof:][:ProofMaxLen],
 	}
 	if ep.opts.grows() {

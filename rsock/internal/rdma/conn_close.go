@@ -190,6 +190,14 @@ func (c *Conn) drain() error {
 		failed, gone := c.err, c.peerGone
 		unacked := c.sqPosted - c.sqDone
 		dataAcked := c.dataAckedLocked()
+		// The channel to park on is made only by a drain that has spun out, and before
+		// the check that precedes the park, so that no signal after it is lost (a
+		// signal to a nil channel is dropped). Most drains end while polling, and so a
+		// Conn that closes at once makes none.
+		if s.parking() && c.drained == nil {
+			c.drained = make(chan struct{}, 1)
+		}
+		drained := c.drained
 		c.mu.Unlock()
 		switch {
 		case delivered || (gone && failed == nil):
@@ -205,11 +213,14 @@ func (c *Conn) drain() error {
 			c.pollWaiting()
 			continue
 		}
+		if drained == nil {
+			continue // spun out now: the next check makes the channel
+		}
 		if t == nil {
 			t = time.NewTimer(c.linger)
 		}
 		select {
-		case <-c.drained:
+		case <-drained:
 		case <-t.C:
 			return fmt.Errorf("rdma: close: the peer did not acknowledge the bytes written and the FIN within the linger time of %v: %w", c.linger, ErrLingerTimeout)
 		}

@@ -173,11 +173,12 @@ func TestCloseWithFakeQP(t *testing.T) {
 		wantKinds []flowctl.Kind              // posted by the end
 		wantErr   error
 		wantText  string
-		wantToErr int // QP moves to ERROR: teardown's, and a failure's
+		wantToErr int  // QP moves to ERROR: teardown's, and a failure's
+		parks     bool // Close parks for the FIN, and only then makes its channel
 	}{
-		{name: "FIN acknowledged", linger: time.Minute, ackFIN: true,
+		{name: "FIN acknowledged", linger: time.Minute, ackFIN: true, parks: true,
 			wantKinds: []flowctl.Kind{flowctl.KindData, flowctl.KindFIN}, wantToErr: 1},
-		{name: "linger time passes", linger: 20 * time.Millisecond,
+		{name: "linger time passes", linger: 20 * time.Millisecond, parks: true,
 			wantKinds: []flowctl.Kind{flowctl.KindData, flowctl.KindFIN}, wantErr: ErrLingerTimeout,
 			wantText: "within the linger time of 20ms", wantToErr: 1},
 		{name: "negative linger", linger: -1,
@@ -201,6 +202,7 @@ func TestCloseWithFakeQP(t *testing.T) {
 		{name: "failed with only the FIN unacknowledged", linger: time.Minute,
 			before:    func(t *testing.T, c *Conn) { c.onSendDone(0) }, // the data WR, completed
 			failFIN:   true,
+			parks:     true,
 			wantKinds: []flowctl.Kind{flowctl.KindData, flowctl.KindFIN}, wantToErr: 1},
 		{name: "peer gone", linger: time.Minute,
 			before:    func(t *testing.T, c *Conn) { c.controlLost(io.EOF) },
@@ -239,6 +241,9 @@ func TestCloseWithFakeQP(t *testing.T) {
 				}
 				require.Equal(t, tt.wantKinds, postedKinds(t, q), "posted")
 				require.Equal(t, tt.wantToErr, q.toErrors(), "QP moves to ERROR")
+				c.mu.Lock()
+				require.Equal(t, tt.parks, c.drained != nil, "Close made the channel it parks on")
+				c.mu.Unlock()
 				require.True(t, released(c), "the endpoint was not released")
 				_, err = c.ctrl.Write([]byte{'K'})
 				require.ErrorIs(t, err, io.ErrClosedPipe, "the control channel is open")

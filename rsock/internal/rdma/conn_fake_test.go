@@ -81,7 +81,7 @@ const (
 func newFakeConn(t *testing.T, q *fakeQP) *Conn {
 	t.Helper()
 	params := flowctl.Params{RingSize: fakeRing, RecvWQEs: fakeWQEs}
-	fc, err := flowctl.NewEndpoint(params, params)
+	fc, err := flowctl.MakeEndpoint(params, params)
 	require.NoError(t, err)
 	ctrl, peer := net.Pipe()
 	t.Cleanup(func() { ctrl.Close(); peer.Close() })
@@ -103,9 +103,7 @@ func newFakeConn(t *testing.T, q *fakeQP) *Conn {
 		spillMax:     fakeRing,
 		readable:     make(chan struct{}, 1),
 		writable:     make(chan struct{}, 1),
-		drained:      make(chan struct{}, 1),
 		closed:       make(chan struct{}),
-		proof:        proofState{done: make(chan struct{})},
 	}
 	return c
 }

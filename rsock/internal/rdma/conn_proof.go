@@ -40,16 +40,18 @@ const proofRecvIndex = seqMask
 // arrived.
 var ErrNoProof = errors.New("rdma: no proof from the peer")
 
-// proofState is a Conn's side of the exchange. Guarded by Conn.mu; done is closed
-// once, when the peer's proof arrived or the Conn failed first.
+// proofState is a Conn's side of the exchange. Guarded by Conn.mu. got is set, and
+// done closed, once, when the peer's proof arrived or the Conn failed first; done is
+// made by the first ProofDone, which most connections never call (SpinProof and
+// OnProof wait without it), so that setting up one allocates no channel for nothing.
 type proofState struct {
-	done chan struct{}
-	got  bool // done is closed
+	done chan struct{} // nil until ProofDone
+	got  bool          // the wait is over; done, if made, is closed
 	buf  [ProofMaxLen]byte
 	n    int
 	err  error
-	// arrived, if set (OnProof), is called once the proof has arrived.
-	arrived func()
+	// arrived, if set (OnProof), is told once the proof has arrived.
+	arrived ProofHandler
 }
 
 // finishProofLocked records the outcome of the wait for the peer's proof, once. Called
@@ -59,7 +61,9 @@ func (c *Conn) finishProofLocked(n int, err error) {
 		return
 	}
 	c.proof.got, c.proof.n, c.proof.err = true, n, err
-	close(c.proof.done)
+	if c.proof.done != nil {
+		close(c.proof.done)
+	}
 }
 
 // onProof handles the completion of the proof WQE, on the poller's goroutine.
@@ -86,22 +90,36 @@ func (c *Conn) onProof(wc *verbs.WorkCompletion) {
 	arrived := c.proof.arrived
 	c.mu.Unlock()
 	if first && arrived != nil {
-		arrived()
+		arrived.ProofArrived()
 	}
 }
 
-// OnProof has f called once the peer's proof has arrived, on the goroutine that
+// OnProof has h told once the peer's proof has arrived, on the goroutine that
 // received it (the poller's), after the Conn has recorded it and with no lock held, so
 // that the caller can answer the proof without a goroutine of its own woken to do it.
-// It is set before the peer can send its proof, and f is not called when the Conn
-// failed first ([Conn.ProofDone] and [Conn.Proof] say so either way). f must not
+// It is set before the peer can send its proof, and h is not told when the Conn
+// failed first ([Conn.ProofDone] and [Conn.Proof] say so either way). h must not
 // block, nor close or abandon the Conn (the poller is not to wait for itself): it may
 // call Proof, SetPeerRing and SendProof.
-func (c *Conn) OnProof(f func()) {
+func (c *Conn) OnProof(h ProofHandler) {
 	c.mu.Lock()
-	c.proof.arrived = f
+	c.proof.arrived = h
 	c.mu.Unlock()
 }
+
+// ProofHandler is told of the peer's proof ([Conn.OnProof]). It is an interface rather
+// than a function so that a caller's state that answers the proof can be handed over
+// as it is, a pointer, where a closure over it would cost every connection an
+// allocation.
+type ProofHandler interface {
+	ProofArrived()
+}
+
+// ProofFunc is a function as a [ProofHandler].
+type ProofFunc func()
+
+// ProofArrived calls f.
+func (f ProofFunc) ProofArrived() { f() }
 
 // SendProof posts p (at most ProofMaxLen bytes) to the peer as one signaled SEND, the
 // first message on the QP. It is called at most once, before [Conn.Start]; the peer's
@@ -132,7 +150,25 @@ func (c *Conn) SendProof(p []byte) error {
 
 // ProofDone returns a channel closed when the peer's proof has arrived or the Conn has
 // failed before it; [Conn.Proof] then says which.
-func (c *Conn) ProofDone() <-chan struct{} { return c.proof.done }
+func (c *Conn) ProofDone() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.proof.done == nil {
+		c.proof.done = make(chan struct{})
+		if c.proof.got {
+			close(c.proof.done)
+		}
+	}
+	return c.proof.done
+}
+
+// proofOver reports whether the wait for the peer's proof is over, as a closed
+// ProofDone would, without making its channel.
+func (c *Conn) proofOver() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.proof.got
+}
 
 // SpinProof polls the Conn's completion queue for the peer's proof, as a waiting Read
 // polls for its data (conn_poll.go): up to the poller's spin bound, yielding between
@@ -146,10 +182,8 @@ func (c *Conn) SpinProof() bool {
 	s := spin{c: c}
 	defer s.end()
 	for {
-		select {
-		case <-c.proof.done:
+		if c.proofOver() {
 			return true
-		default:
 		}
 		if !s.more() {
 			return false

@@ -60,11 +60,11 @@ func TestProofArrival(t *testing.T) {
 			require.ErrorIs(t, err, ErrNoProof, "before the completion")
 			copy(c.proofSlot, "hello")
 			var arrived []string // what OnProof's function read, once per call
-			c.OnProof(func() {
+			c.OnProof(ProofFunc(func() {
 				p, err := c.Proof() // no lock is held: this would deadlock otherwise
 				require.NoError(t, err, "Proof from OnProof's function")
 				arrived = append(arrived, string(p))
-			})
+			}))
 			c.onCompletion(&tt.wc)
 			select {
 			case <-c.ProofDone():
@@ -98,7 +98,7 @@ func TestOnProofAfterFailure(t *testing.T) {
 	q := &fakeQP{}
 	c := newFakeConn(t, q)
 	calls := 0
-	c.OnProof(func() { calls++ })
+	c.OnProof(ProofFunc(func() { calls++ }))
 	c.mu.Lock()
 	c.failLocked(ErrQPFailed)
 	c.mu.Unlock()
@@ -198,6 +198,55 @@ func TestSpinProof(t *testing.T) {
 				require.NoError(t, err)
 				require.Equal(t, "hello", string(p))
 			}
+		})
+	}
+}
+
+// TestProofDoneMadeOnDemand: ProofDone's channel is made by its first call, closed
+// whether the call comes before or after the wait ends (the proof or a failure), and
+// never made by a wait that ended without it.
+func TestProofDoneMadeOnDemand(t *testing.T) {
+	const proofRecvID = recvWRFlag | proofRecvIndex
+	arrive := &verbs.WorkCompletion{WRID: proofRecvID, Status: verbs.WCSuccess, Opcode: verbs.WCRecv, ByteLen: 5}
+	fail := &verbs.WorkCompletion{WRID: 0, Status: verbs.WCRetryExcErr, Opcode: verbs.WCSend}
+	tests := []struct {
+		name   string
+		end    *verbs.WorkCompletion
+		before bool // ProofDone is called before the wait ends, else after
+	}{
+		{"proof, asked before", arrive, true},
+		{"proof, asked after", arrive, false},
+		{"failure, asked before", fail, true},
+		{"failure, asked after", fail, false},
+	}
+	isClosed := func(ch <-chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newFakeConn(t, &fakeQP{})
+			copy(c.proofSlot, "hello")
+			var done <-chan struct{}
+			if tt.before {
+				done = c.ProofDone()
+				require.False(t, isClosed(done), "ProofDone closed before the wait ended")
+			}
+			c.onCompletion(tt.end)
+			require.True(t, c.proofOver(), "the wait is over after %v", tt.end.Status)
+			if !tt.before {
+				c.mu.Lock()
+				made := c.proof.done != nil
+				c.mu.Unlock()
+				require.False(t, made, "a channel made with nobody asking for it")
+				done = c.ProofDone()
+			}
+			require.True(t, isClosed(done), "ProofDone open after the wait ended")
+			require.Equal(t, done, c.ProofDone(), "ProofDone's channel, asked again")
 		})
 	}
 }

@@ -256,6 +256,9 @@ type Endpoint struct {
 	// The Conn's staging cursors (Conn.stageEnd), for the default send queue depth
 	// or less, for the same reason.
 	stageEnd [DefaultSendWQEs]uint64
+	// The Conn that Connect makes, which owns the endpoint from then on, for the same
+	// reason: the two live and die together.
+	conn Conn
 }
 
 // Prepare is PrepareContext with a background context.

@@ -149,7 +149,7 @@ func TestStatsOnFake(t *testing.T) {
 		const peerRing = MinRingSize // smaller than the staging buffer: credit runs out first
 		q := &fakeQP{}
 		c := newFakeConn(t, q)
-		fc, err := flowctl.NewEndpoint(flowctl.Params{RingSize: fakeRing, RecvWQEs: fakeWQEs},
+		fc, err := flowctl.MakeEndpoint(flowctl.Params{RingSize: fakeRing, RecvWQEs: fakeWQEs},
 			flowctl.Params{RingSize: peerRing, RecvWQEs: fakeWQEs})
 		require.NoError(t, err)
 		c.fc = fc
