@@ -134,6 +134,7 @@ cmd_step perf_ib_write_lat_64B perftest ib_write_lat rtt_64B -s 64 -n 5000
 cmd_step perf_rstream_64KiB rstream_run stream_64KiB -S 65536 -C 1000 -I 1
 cmd_step perf_rstream_4KiB rstream_run stream_4KiB -S 4096 -C 10000 -I 1
 cmd_step perf_rstream_64B rstream_run rtt_64B -S 64 -C 1 -I 5000
+cmd_step perf_rc_pingpong_64B_event rcpingpong_run rtt_64B_event -s 64 -n 2000
 cmd_step perf_rsockperf rsockperf_run
 cmd_step perf_rsockperf_spin rsockperf_spin_run
 cmd_step perf_ratios perf_ratios

@@ -15,6 +15,9 @@
 #     so that a waiting Read polls the CQ for the whole round trip), which is how
 #     ib_write_lat and rstream wait (they busy-poll). rtt_64B_spin is compared with their
 #     rtt_64B.
+#   ibv_rc_pingpong -e: a 64 B round trip ("usec/iter") with both sides sleeping on the
+#     completion channel for every completion, as rsock's default mode does once its
+#     spin runs out; rsock's rtt_64B is compared with it as rtt_64B_event.
 
 record() { echo "$1 $2 $3" >> /tmp/perf.txt; echo "figure: $1 $2 $3"; }
 
@@ -59,6 +62,28 @@ perftest() {
     try=$((try + 1))
     echo "perftest: calibration failed, try $try"
   done
+}
+
+# rcpingpong_run <measure> <args...>: an ibv_rc_pingpong pair on rxe_b / rxe_a with -e:
+# each side sleeps on its CQ's completion channel for every completion, as rsock's
+# default mode ends up doing after its short spin. It is the blocking C reference for
+# rtt_64B; perftest and rstream busy-poll. Its "usec/iter" is one round trip.
+rcpingpong_run() {
+  local measure=$1 ga gb spid crc src v
+  shift
+  ga=$(gid_index rxe_a $A) && gb=$(gid_index rxe_b $B) || return 1
+  timeout -k 5 120 ibv_rc_pingpong -d rxe_b -g "$gb" -p 18520 -e "$@" > /tmp/rc_s.log 2>&1 &
+  spid=$!
+  wait_listen 18520 $spid || { kill $spid 2>/dev/null; cat /tmp/rc_s.log; return 1; }
+  timeout -k 5 120 ibv_rc_pingpong -d rxe_a -g "$ga" -p 18520 -e "$@" $B > /tmp/rc_c.log 2>&1
+  crc=$?
+  wait $spid
+  src=$?
+  cat /tmp/rc_c.log
+  [ $crc = 0 ] && [ $src = 0 ] || { echo "--- server:"; cat /tmp/rc_s.log; echo "client $crc, server $src"; return 1; }
+  v=$(awk '/usec\/iter/ { for (i = 1; i < NF; i++) if ($(i + 1) == "usec/iter") printf "%.2f", $i }' /tmp/rc_c.log)
+  [ -n "$v" ] || { echo "no figure in ibv_rc_pingpong's output"; return 1; }
+  record rcpingpong "$measure" "$v"
 }
 
 RSPORT=7470
@@ -161,6 +186,11 @@ perf_ratios() {
         printf "@@RATIO %-12s rsock %s, perftest %s, rstream %s (%s); rsock/perftest %s, rsock/rstream %s\n", \
           m[i] ":", nz(r), nz(p), nz(s), unit, ratio(r, p), ratio(r, s)
       }
+      # rsock in default mode next to a C pair that also sleeps on its completion channel.
+      r = v["rsock rtt_64B"]; c = v["rcpingpong rtt_64B_event"]
+      if (r == "" || c == "") { printf "missing figures for rtt_64B_event\n"; bad = 1 }
+      printf "@@RATIO %-12s rsock %s, ibv_rc_pingpong -e %s (us round trip, both sleeping on completions); rsock/rc_pingpong %s\n", \
+        "rtt_64B_event:", nz(r), nz(c), ratio(r, c)
       exit bad
     }' /tmp/perf.txt
 }
