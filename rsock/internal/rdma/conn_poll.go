@@ -88,41 +88,16 @@ func (p *poller) endSpin() {
 	}
 }
 
-// pollWaiting is one poll of a waiting Read or Write (see above), followed by a yield
-// of the processor when poller.yieldAfter says so.
+// pollWaiting is one poll of a waiting Read or Write (see above). When it reaps
+// nothing, because the CQ was empty or someone else holds the token, it yields the
+// processor: on a loaded machine the peer, or whoever polls, may need it. An empty
+// poll of a CQ that yielded by itself (poller.yields) is not followed by a Gosched.
 func (c *Conn) pollWaiting() {
 	if c.poll == nil {
 		runtime.Gosched()
 		return
 	}
-	if c.poll.yieldAfter(c.poll.pollFor(c.qp.QPN(), c)) {
+	if n := c.poll.pollFor(c.qp.QPN(), c); n < 0 || (n == 0 && !c.poll.yields()) {
 		runtime.Gosched()
 	}
-}
-
-// yieldAfter reports whether a waiter whose poll returned n (pollFor) yields the
-// processor before it looks again.
-//
-// An empty poll yields: on a loaded machine the peer may need the processor. Not so on
-// a CQ whose empty polls yielded by themselves (poller.yields).
-//
-// A poll that found the token taken (n < 0) does not yield when there is more than one
-// processor: the holder is polling now, on another one, and dispatches whatever is the
-// waiter's, which the waiter's next look finds at once rather than a trip through the
-// scheduler later. In an in-process 64-byte ping-pong on soft, where each end's waiter
-// keeps finding the token held by the other's, this took rsockperf's median round trip
-// from about 1.04 µs to 0.97 µs, and BenchmarkPingPong64B's mean down by about a fifth
-// (see the commit). The waiter's spin still bounds how long it goes on looking. With
-// one processor (maxSpinners, GOMAXPROCS when the poller was made) the holder can only
-// be a goroutine of the same processor, which the waiter must let run. (A poller that
-// failed, or a handler detached by Close, also makes pollFor answer -1: the next look
-// finds the error or the close.)
-func (p *poller) yieldAfter(n int) bool {
-	switch {
-	case n > 0:
-		return false
-	case n < 0:
-		return p.maxSpinners < 2
-	}
-	return !p.yields()
 }

@@ -2,6 +2,7 @@ package rdma
 
 import (
 	"io"
+	"runtime"
 	"testing"
 	"testing/synctest"
 
@@ -103,34 +104,37 @@ func TestPollerGoroutineYieldsToken(t *testing.T) {
 	require.Equal(t, []uint64{1}, wa)
 }
 
-// TestPollerYieldAfter: a waiter yields after an empty poll (unless its CQ's polls
-// yield by themselves) and after finding the token taken with one processor only;
-// never after reaping, nor after finding the token taken when another processor holds
-// it.
-func TestPollerYieldAfter(t *testing.T) {
-	for _, tc := range []struct {
-		name       string
-		n          int   // what pollFor returned
-		procs      int32 // maxSpinners
-		pollYields bool  // the CQ's empty polls yield by themselves
-		want       bool
-	}{
-		{name: "reaped", n: 3, procs: 2},
-		{name: "reaped, one processor", n: 1, procs: 1},
-		{name: "empty", n: 0, procs: 2, want: true},
-		{name: "empty, one processor", n: 0, procs: 1, want: true},
-		{name: "empty, CQ yielded", n: 0, procs: 2, pollYields: true},
-		{name: "token taken", n: -1, procs: 2},
-		{name: "token taken, many processors", n: -1, procs: 64},
-		{name: "token taken, one processor", n: -1, procs: 1, want: true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			cq := yieldingCQ{newFakeCQ(), tc.pollYields}
-			p := &poller{cq: cq, yielder: cqYielder(cq), maxSpinners: tc.procs}
-			require.Equal(t, tc.want, p.yieldAfter(tc.n), "yieldAfter(%d) with %d processors, CQ yields %v",
-				tc.n, tc.procs, tc.pollYields)
-		})
-	}
+// TestWaiterLetsTokenHolderRun: a waiting Read that finds the CQ token taken yields the
+// processor, so that a holder which is runnable but not running (just woken, or
+// preempted) gets to dispatch the Read's data before the Read spins out and parks. Its
+// poller believes in two processors (maxSpinners, read when it was made) where there
+// is one now, as after GOMAXPROCS drops: a waiter that looked again at once, on the
+// grounds that the holder runs on another processor, spun out here before the holder
+// ran (this fails with that rule).
+func TestWaiterLetsTokenHolderRun(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	c, _, q := pollingConn(t, 2000)
+	require.EqualValues(t, 2, c.poll.maxSpinners)
+	copy(c.ring, "hello")
+	locked := make(chan struct{})
+	parked := make(chan bool, 1)
+	go func() {
+		c.poll.tok.Lock()
+		close(locked)
+		runtime.Gosched() // runnable, not running, holding the token
+		c.mu.Lock()
+		parked <- c.readParked
+		c.mu.Unlock()
+		wc := dataArrival(t, q.qpn, 3, 5)
+		c.onCompletion(&wc) // as the holder's dispatch would
+		c.poll.tok.Unlock()
+	}()
+	<-locked
+	buf := make([]byte, 16)
+	n, err := c.Read(buf)
+	require.NoError(t, err)
+	require.Equal(t, "hello", string(buf[:n]))
+	require.False(t, <-parked, "the Read spun out while the token's holder waited for the processor")
 }
 
 // pollingConn returns a fake Conn whose poller has no goroutine: completions pushed on
