@@ -34,7 +34,7 @@ type listenerBudget struct {
 
 	mu     sync.Mutex
 	total  usage
-	remote map[netip.Prefix]usage // entries are deleted once they hold nothing; by value, so that a connection from a new address allocates none
+	remote map[netip.Prefix]usage // entries are deleted once they hold nothing; by value, so that a connection from a new address allocates no entry of its own (the map may still grow)
 }
 
 // newListenerBudget returns the budget of a Listener with resolved configuration cfg.

@@ -61,6 +61,10 @@ func (c *Conn) finishProofLocked(n int, err error) {
 		return
 	}
 	c.proof.got, c.proof.n, c.proof.err = true, n, err
+	// The handler is told at most once, by the caller that ends the wait with the
+	// proof (onProof, which took it first); dropped now, it keeps nothing of the
+	// handshake (the server's accept state) alive for the Conn's life.
+	c.proof.arrived = nil
 	if c.proof.done != nil {
 		close(c.proof.done)
 	}
@@ -86,8 +90,8 @@ func (c *Conn) onProof(wc *verbs.WorkCompletion) {
 	}
 	first := !c.proof.got // else the Conn failed first: ProofDone says so
 	n := copy(c.proof.buf[:], c.proofSlot[:wc.ByteLen])
-	c.finishProofLocked(n, nil)
 	arrived := c.proof.arrived
+	c.finishProofLocked(n, nil)
 	c.mu.Unlock()
 	if first && arrived != nil {
 		arrived.ProofArrived()

@@ -74,6 +74,7 @@ func TestProofArrival(t *testing.T) {
 			p, err := c.Proof()
 			if tt.wantErr == nil {
 				require.Equal(t, []string{"hello"}, arrived, "OnProof's function calls")
+				require.Nil(t, c.proof.arrived, "the handler kept after it was told")
 				require.NoError(t, err)
 				require.Equal(t, "hello", string(p))
 				require.NoError(t, connErr(c))
@@ -83,6 +84,7 @@ func TestProofArrival(t *testing.T) {
 				return
 			}
 			require.Empty(t, arrived, "OnProof's function called for a failed proof")
+			require.Nil(t, c.proof.arrived, "the handler kept after the wait ended")
 			require.ErrorIs(t, err, ErrNoProof)
 			require.ErrorIs(t, err, tt.wantErr)
 			require.ErrorIs(t, connErr(c), tt.wantErr)
