@@ -80,7 +80,7 @@ const (
 // ("transport retry counter exceeded"); its death is seen at once on the Unix socket,
 // and a peer that lives but answers nothing still meets the engine's silence bound.
 func sameHostOptions(o rdma.Options) rdma.Options {
-	o.NoACKTimeout = true
+	o = sameHostSmallOptions(o)
 	if o.RingSize == 0 && o.GrowRingTo == 0 {
 		o.RingSize = sameHostRingSize
 	}
@@ -92,7 +92,8 @@ func sameHostOptions(o rdma.Options) rdma.Options {
 
 // sameHostSmallOptions are the options of a same-host connection whose ring of
 // sameHostRingSize did not fit a memory limit (prepareEndpoint): the Config's sizes, a
-// growing ring by default, still without an ACK timeout.
+// growing ring by default, still without an ACK timeout. sameHostOptions starts from
+// them.
 func sameHostSmallOptions(o rdma.Options) rdma.Options {
 	o.NoACKTimeout = true
 	return o

@@ -177,7 +177,7 @@ func (ep *Endpoint) registerMR(n int, access verbs.AccessFlags, what string) (ve
 // endpoint's first ring and send buffer live in the endpoint, so that preparing it
 // allocates less.
 func (ep *Endpoint) registerMRIn(m *countedMR, n int, access verbs.AccessFlags, what string) (verbs.MR, error) {
-	return ep.registerCounted(m, nil, nil, n, access, what)
+	return ep.registerCounted(m, n, what, func() (verbs.MR, error) { return ep.pd.RegMR(n, access) })
 }
 
 // pinsMemory reports whether the endpoint's provider pins what it registers.
@@ -192,24 +192,26 @@ func (ep *Endpoint) pinsMemory() bool {
 // (zcopy.go) use it on a provider that pins; what they register on one that does not is
 // the application's memory, neither pinned nor the engine's, and left uncounted.
 func (ep *Endpoint) registerUserMR(reg verbs.MemoryRegistrar, buf []byte, access verbs.AccessFlags) (verbs.MR, error) {
-	return ep.registerCounted(nil, reg, buf, len(buf), access, "written buffer")
+	return ep.registerCounted(nil, len(buf), "written buffer", func() (verbs.MR, error) { return reg.RegMemory(buf, access) })
 }
 
-// registerCounted is registerMRIn and registerUserMR: with reg nil, it registers n
-// bytes of new memory; else buf, of n bytes, through reg.
-func (ep *Endpoint) registerCounted(m *countedMR, reg verbs.MemoryRegistrar, buf []byte, n int, access verbs.AccessFlags, what string) (verbs.MR, error) {
+// registerCounted makes register's region of n bytes, in the endpoint's own PD, charged
+// to Options.MaxRegisteredMemory, RLIMIT_MEMLOCK and Options.Budget, and returns it as
+// a countedMR (m, if not nil), whose Close gives the charges back. Every region the
+// engine registers is made here.
+func (ep *Endpoint) registerCounted(m *countedMR, n int, what string, register func() (verbs.MR, error)) (verbs.MR, error) {
 	pins := ep.pinsMemory()
 	c, err := charge(ep.dev, pins, n, ep.opts.MaxRegisteredMemory)
 	if err != nil {
 		return nil, fmt.Errorf("register %d-byte %s: %w", n, what, err)
 	}
-	var mr verbs.MR
-	if reg == nil {
-		mr, err = ep.regMR(n, access) // the endpoint's own PD, charged to Options.Budget
-	} else {
-		mr, err = ep.regUser(reg, buf, access)
+	if err := ep.charge(0, n); err != nil { // Options.Budget
+		c.uncharge()
+		return nil, fmt.Errorf("register %d-byte %s: %w", n, what, err)
 	}
+	mr, err := register()
 	if err != nil {
+		ep.refund(0, n)
 		c.uncharge()
 		if errors.Is(err, syscall.ENOMEM) && pins {
 			limit, binds := memlockLimit()

@@ -58,10 +58,10 @@
 //
 // A connection's ring can be written only by its own peer's QP. Each [Endpoint]
 // allocates a protection domain of its own and creates its QP and registers its ring
-// and send buffer in it (Endpoint.regMR; nothing registers in any other PD). The device
-// checks, on every request, that the rkey names a region of the responder QP's PD: a
-// peer that learns or guesses another connection's ring address and rkey and writes
-// there gets a remote access error, its own connection's QP goes to ERROR (that
+// and send buffer in it (Endpoint.registerCounted; nothing registers in any other
+// PD). The device checks, on every request, that the rkey names a region of the
+// responder QP's PD: a peer that learns or guesses another connection's ring address
+// and rkey and writes there gets a remote access error, its own connection's QP goes to ERROR (that
 // connection fails with ErrQPFailed), and the other connection sees nothing.
 // TestFaultCrossConnectionWrite shows it on soft and on a kernel device, and the verbs
 // conformance rule RemoteAccessOtherConnection holds every provider to it.
@@ -78,7 +78,7 @@
 // regions in the connection's PD, and the pages behind them may come from a
 // process-wide pool of unpinned memory; one registration is never shared. If
 // registration cost ever dominates (many short connections), windows bound to each QP
-// over a per-process region are the way on, behind the same seam (regMR and Budget).
+// over a per-process region are the way on, behind the same seam (registerCounted and Budget).
 //
 // Options.Budget bounds what an endpoint may hold: it is charged for the QP and for
 // every registered byte before they are allocated, and refunded as they are released.

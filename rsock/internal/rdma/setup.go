@@ -223,8 +223,8 @@ type Offer struct {
 // registered and receive WQEs posted, waiting for the peer's Offer.
 //
 // Its QP and memory live in a protection domain of its own, pd: every registration and
-// QP goes through ep.pd (regMR, never a PD of the device), so that the peer of this QP
-// can reach this endpoint's ring and nothing else (see "Isolation" in the package docs).
+// QP goes through ep.pd (registerCounted, never a PD of the device), so that the peer
+// of this QP can reach this endpoint's ring and nothing else (see "Isolation" in the package docs).
 type Endpoint struct {
 	opts     Options
 	dev      *device
@@ -421,34 +421,6 @@ func (ep *Endpoint) ackTimeout() uint8 {
 		return 0
 	}
 	return ackTimeout
-}
-
-// regMR registers n bytes with the given access in the endpoint's own protection
-// domain, charged to its budget. Every region of the endpoint is registered here.
-func (ep *Endpoint) regMR(n int, access verbs.AccessFlags) (verbs.MR, error) {
-	if err := ep.charge(0, n); err != nil {
-		return nil, err
-	}
-	mr, err := ep.pd.RegMR(n, access)
-	if err != nil {
-		ep.refund(0, n)
-		return nil, err
-	}
-	return mr, nil
-}
-
-// regUser registers buf through reg, the endpoint's PD, charged to Options.Budget as
-// regMR's regions are.
-func (ep *Endpoint) regUser(reg verbs.MemoryRegistrar, buf []byte, access verbs.AccessFlags) (verbs.MR, error) {
-	if err := ep.charge(0, len(buf)); err != nil {
-		return nil, err
-	}
-	mr, err := reg.RegMemory(buf, access)
-	if err != nil {
-		ep.refund(0, len(buf))
-		return nil, err
-	}
-	return mr, nil
 }
 
 // charge asks the budget, if any, for qps queue pairs and bytes registered bytes.
