@@ -104,9 +104,13 @@ type Conn struct {
 	startOnce sync.Once
 	closeErr  error
 	ctrlDone  sync.WaitGroup // counts the control reader while it runs
-	ctrlBuf   [16]byte       // the control reader's buffer (conn_close.go)
-	keepalive *time.Timer
-	kaPeriod  time.Duration
+	// The control reader runs (readerRunning) until it returns; a Close that finds it
+	// running leaves the control channel's close to it (readerFinishes: see close).
+	// Guarded by mu.
+	readerRunning, readerFinishes bool
+	ctrlBuf                       [16]byte // the control reader's buffer (conn_close.go)
+	keepalive                     *time.Timer
+	kaPeriod                      time.Duration
 
 	// Silence (conn_alive.go), guarded by mu: completions seen, the count at the last
 	// keepalive period, and the periods in a row that saw none.
@@ -200,6 +204,7 @@ func (c *Conn) Start() {
 	c.startOnce.Do(func() {
 		c.mu.Lock()
 		c.started = true
+		c.readerRunning = true
 		c.mu.Unlock()
 		c.ctrlDone.Add(1)
 		go c.readControl()

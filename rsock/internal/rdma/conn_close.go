@@ -40,8 +40,9 @@ func (c *Conn) CloseWrite() error {
 
 // Close unblocks pending Reads and Writes, sends a FIN if none was sent, waits for every
 // posted write and the FIN to complete (so each byte Write reported is in the peer's
-// ring, and the peer will read them and then io.EOF), then tears down the control
-// channel, the QP and the registered memory, and drops unread bytes.
+// ring, and the peer will read them and then io.EOF), then tears down the QP and the
+// registered memory, drops unread bytes and closes the control channel (its reader does,
+// as it wakes, after Close has returned).
 //
 // The wait does not depend on the peer's application: the peer's engine takes the bytes
 // whether or not anyone reads them (see "Buffering" in the package docs), so it lasts
@@ -93,17 +94,34 @@ func (c *Conn) close() error {
 	if !c.reading {
 		c.spill.release() // else the Read in progress releases it when it ends
 	}
+	c.startOnce.Do(func() {}) // never started: no reader to hand over to, and none to start
+	handOver := c.readerRunning
+	c.readerFinishes = handOver
 	c.mu.Unlock()
+	err := c.teardown()
+	if handOver {
+		// The control reader, woken here, closes the control channel as it returns:
+		// closing it from here would wait for that reader to wake and leave its Read
+		// (a socket is closed once no call is in it), and tells the caller nothing
+		// about its bytes, which drain has settled. The peer sees the channel close
+		// after the FIN's completion, as it must.
+		c.ctrl.SetReadDeadline(aLongTimeAgo)
+		return errors.Join(undelivered, err)
+	}
+	return errors.Join(undelivered, err, c.closeControl())
+}
 
+// closeControl closes the control channel at the end of a Close, and stops the grace
+// timer its end may have started: run by the control reader as it returns when it was
+// running as Close began, else by Close.
+func (c *Conn) closeControl() error {
 	err := ignoreClosed(c.ctrl.Close())
-	c.startOnce.Do(func() {}) // never started: no reader to wait for, and none to start
-	c.ctrlDone.Wait()
 	c.mu.Lock()
 	if c.graceTimer != nil {
 		c.graceTimer.Stop()
 	}
 	c.mu.Unlock()
-	return errors.Join(undelivered, err, c.teardown())
+	return err
 }
 
 // Abandon tears the Conn down without a FIN and without touching the control channel,
@@ -230,24 +248,35 @@ func (c *Conn) drain() error {
 // readControl watches the control channel until it ends. Bytes on it are keepalives;
 // with keepalives on, and once the peer has sent one, three silent periods are a
 // timeout.
+//
+// When Close, its drain over, finds it running, it closes the channel (closeControl) as
+// it returns: Close sets readerFinishes and then a deadline in the past, so the reader,
+// which checks readerFinishes after setting its own deadline, either returns at once or
+// has its Read cut short.
 func (c *Conn) readControl() {
 	defer c.ctrlDone.Done()
+	defer c.readerReturns()
 	buf := &c.ctrlBuf // in the Conn: a local array would escape into ctrl.Read
 	peerKeepsAlive := false
 	for {
+		// Silence is a timeout only once the peer has shown it sends keepalives: a peer
+		// configured without them must not be cut off for being idle.
+		if c.kaPeriod > 0 && peerKeepsAlive {
+			c.ctrl.SetReadDeadline(time.Now().Add(3 * c.kaPeriod))
+		}
 		c.mu.Lock()
-		failed, closing := c.err != nil, c.closing
+		failed, closing, handedOver := c.err != nil, c.closing, c.readerFinishes
 		c.mu.Unlock()
+		if handedOver {
+			return // and close the channel (readerReturns)
+		}
+		// A Close's drain still needs this reader: the channel's end tells it that
+		// the peer is gone (controlLost).
 		if failed {
 			if !closing {
 				c.ctrl.Close() // tell the peer: its control reader sees the close
 			}
 			return
-		}
-		// Silence is a timeout only once the peer has shown it sends keepalives: a peer
-		// configured without them must not be cut off for being idle.
-		if c.kaPeriod > 0 && peerKeepsAlive {
-			c.ctrl.SetReadDeadline(time.Now().Add(3 * c.kaPeriod))
 		}
 		n, err := c.ctrl.Read(buf[:])
 		peerKeepsAlive = peerKeepsAlive || n > 0
@@ -266,9 +295,22 @@ func (c *Conn) readControl() {
 			if failed {
 				continue // woken by failLocked: close the channel above
 			}
-			c.controlLost(err)
+			c.controlLost(err) // which, in a Close, only lets its drain end
 			return
 		}
+	}
+}
+
+// readerReturns ends the control reader: it closes the control channel for a Close that
+// handed that over. Close's caller has its answer already; an error closing a socket
+// tells it nothing about its bytes.
+func (c *Conn) readerReturns() {
+	c.mu.Lock()
+	c.readerRunning = false
+	finish := c.readerFinishes
+	c.mu.Unlock()
+	if finish {
+		c.closeControl()
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -348,4 +349,56 @@ func TestAbandonWithFakeQP(t *testing.T) {
 	require.True(t, released(c))
 	require.NoError(t, c.ctrl.SetDeadline(time.Time{}), "the control channel was closed")
 	require.ErrorIs(t, c.Close(), net.ErrClosed)
+}
+
+// closeGate is a control channel whose Close waits until the test opens the gate, as
+// a socket's close waits for the read still in it to leave.
+type closeGate struct {
+	net.Conn
+	entered chan struct{} // closed when Close begins
+	open    chan struct{} // closed by the test to let Close through
+	once    sync.Once
+}
+
+func (g *closeGate) Close() error {
+	g.once.Do(func() { close(g.entered) })
+	<-g.open
+	return g.Conn.Close()
+}
+
+// TestCloseLeavesControlToReader checks that Close returns once its bytes are settled
+// and its QP is torn down, without waiting for the control channel to close: the
+// control reader closes it, after Close has returned, and the peer then sees the end
+// of the stream and of the channel as before.
+func TestCloseLeavesControlToReader(t *testing.T) {
+	f := soft.New(soft.Options{})
+	ca, cb := tcpPair(t)
+	gate := &closeGate{Conn: ca, entered: make(chan struct{}), open: make(chan struct{})}
+	ea, err := Prepare(f, loopback, Options{})
+	require.NoError(t, err)
+	eb, err := Prepare(f, loopback, Options{})
+	require.NoError(t, err)
+	a, err := ea.Connect(eb.Offer(), gate, 0)
+	require.NoError(t, err)
+	b, err := eb.Connect(ea.Offer(), cb, 0)
+	require.NoError(t, err)
+	startPair(t, a, b)
+
+	_, err = a.Write([]byte("last words"))
+	require.NoError(t, err)
+	require.NoError(t, a.Close(), "Close with the control channel's close held up")
+	select {
+	case <-a.closed:
+	default:
+		t.Fatal("Close returned before it began")
+	}
+	<-gate.entered // the control reader, not Close, is closing the channel
+	close(gate.open)
+	a.ctrlDone.Wait()
+
+	got, err := io.ReadAll(b)
+	require.NoError(t, err)
+	require.Equal(t, "last words", string(got))
+	require.NoError(t, b.Close())
+	requireReleased(t, f)
 }

@@ -54,7 +54,11 @@ func (c *Conn) onCompletion(wc *verbs.WorkCompletion) {
 	if wc.Status != verbs.WCSuccess {
 		c.stats.completionFailed(wc.Status)
 		c.mu.Lock()
-		c.failLocked(qpError("completion", wc.Err()))
+		err := c.err // the first failure is the Conn's: the flushed WRs that follow it need no error of their own
+		if err == nil {
+			err = qpError("completion", wc.Err())
+		}
+		c.failLocked(err)
 		c.mu.Unlock()
 		return
 	}
