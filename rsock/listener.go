@@ -154,8 +154,12 @@ func (l *Listener) QUICAddr() net.Addr {
 	return l.quic.Addr()
 }
 
-// acceptLoop accepts connections from ln and starts a handshake for each, while a slot
-// is free.
+// acceptLoop accepts connections from ln, while a slot is free, until it accepts one:
+// then it starts another acceptLoop and runs that connection's handshake itself. The
+// handshake starts at once, on the goroutine the kernel's news of the connection woke,
+// rather than after a new goroutine is scheduled (which here follows the next, idle,
+// accept call); the next connection's acceptor is started meanwhile. Each connection
+// in its handshake still has one goroutine, and one goroutine accepts.
 func (l *Listener) acceptLoop(ln net.Listener, transport string) {
 	defer l.wg.Done()
 	var backoff time.Duration
@@ -196,13 +200,15 @@ func (l *Listener) acceptLoop(ln net.Listener, transport string) {
 			return
 		}
 		l.wg.Add(1)
-		go l.serve(boot, transport)
+		go l.acceptLoop(ln, transport)
+		l.serve(boot, transport)
+		return
 	}
 }
 
-// serve runs one connection's handshake and hands the connection to Accept.
+// serve runs one connection's handshake, in the slot acceptLoop took for it, and hands
+// the connection to Accept.
 func (l *Listener) serve(raw bootConn, transport string) {
-	defer l.wg.Done()
 	defer func() { <-l.slots }()
 	c, err := l.handshake(raw, transport)
 	if err == nil {
