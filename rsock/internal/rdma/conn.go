@@ -90,10 +90,14 @@ type Conn struct {
 	spilled     uint64 // bytes ever moved out of the ring into spill
 	linger      time.Duration
 
-	readable chan struct{} // cap 1: data, FIN or failure arrived
-	writable chan struct{} // cap 1: credit, staging or SQ space arrived, or failure
-	drained  chan struct{} // cap 1: a send completion arrived (Close waits for the drain); made, under mu, by the first drain that parks
-	closed   chan struct{} // closed by Close
+	// Signals to a parked waiter, each made under mu by the first waiter that parks on
+	// it (most connections never wait long enough to park), before the look that
+	// precedes its park: a signal before that finds nil and is dropped, but what it
+	// signals is seen by that look. Signalled only under mu.
+	readable chan struct{} // cap 1: data, FIN, failure or Close arrived
+	writable chan struct{} // cap 1: credit, staging or SQ space arrived, or failure or Close
+	drained  chan struct{} // cap 1: a send completion arrived (Close waits for the drain)
+	closed   atomic.Bool   // Close or Abandon has begun
 	rdl, wdl deadline
 
 	// A Read or Write is parked on readable or writable: completions signal them only
@@ -183,9 +187,6 @@ func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) 
 		ring:         ep.ring.Bytes()[:ep.opts.RingSize],
 		spillMax:     ep.opts.ReadBufferSize,
 		linger:       ep.opts.Linger,
-		readable:     make(chan struct{}, 1),
-		writable:     make(chan struct{}, 1),
-		closed:       make(chan struct{}),
 		kaPeriod:     keepalive,
 		proofSlot:    ep.ring.Bytes()[ep.opts.RingSize+mailboxProof:][:ProofMaxLen],
 	}
@@ -255,11 +256,16 @@ func (c *Conn) SetDeadline(t time.Time) error {
 	if err := c.closedErr("set deadline"); err != nil { // conn_close.go
 		return err
 	}
-	if c.rdl.set(t) {
-		signal(c.readable) // a Read waiting on no deadline: wait on this one
-	}
-	if c.wdl.set(t) {
-		signal(c.writable)
+	r, w := c.rdl.set(t), c.wdl.set(t)
+	if r || w {
+		c.mu.Lock()
+		if r {
+			signal(c.readable) // a Read waiting on no deadline: wait on this one
+		}
+		if w {
+			signal(c.writable)
+		}
+		c.mu.Unlock()
 	}
 	return nil
 }
@@ -270,7 +276,9 @@ func (c *Conn) SetReadDeadline(t time.Time) error {
 		return err
 	}
 	if c.rdl.set(t) {
+		c.mu.Lock()
 		signal(c.readable) // a Read waiting on no deadline: wait on this one
+		c.mu.Unlock()
 	}
 	return nil
 }
@@ -281,7 +289,9 @@ func (c *Conn) SetWriteDeadline(t time.Time) error {
 		return err
 	}
 	if c.wdl.set(t) {
+		c.mu.Lock()
 		signal(c.writable) // a Write waiting on no deadline: wait on this one
+		c.mu.Unlock()
 	}
 	return nil
 }

@@ -67,12 +67,10 @@ func (c *Conn) Close() error {
 // closedErr returns an error matching net.ErrClosed once Close (or Abandon) has begun,
 // else nil: what the methods of a closed net.Conn that have nothing else to say return.
 func (c *Conn) closedErr(op string) error {
-	select {
-	case <-c.closed:
+	if c.closed.Load() {
 		return fmt.Errorf("rdma: %s: %w", op, net.ErrClosed)
-	default:
-		return nil
 	}
+	return nil
 }
 
 func (c *Conn) close() error {
@@ -84,8 +82,10 @@ func (c *Conn) close() error {
 		c.postControlLocked()
 	}
 	ka := c.keepalive
+	c.closed.Store(true)
+	signal(c.readable) // a waiter sees closing
+	signal(c.writable)
 	c.mu.Unlock()
-	close(c.closed)
 	if ka != nil {
 		ka.Stop()
 	}
@@ -132,11 +132,13 @@ func (c *Conn) Abandon() error {
 	c.closeOnce.Do(func() {
 		c.mu.Lock()
 		c.closing = true
+		c.closed.Store(true)
+		signal(c.readable) // a waiter sees closing
+		signal(c.writable)
 		if !c.reading {
 			c.spill.release()
 		}
 		c.mu.Unlock()
-		close(c.closed)
 		err = c.teardown()
 	})
 	return err

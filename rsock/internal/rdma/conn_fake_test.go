@@ -101,9 +101,6 @@ func newFakeConn(t *testing.T, q *fakeQP) *Conn {
 		ring:         make([]byte, fakeRing),
 		proofSlot:    make([]byte, ProofMaxLen),
 		spillMax:     fakeRing,
-		readable:     make(chan struct{}, 1),
-		writable:     make(chan struct{}, 1),
-		closed:       make(chan struct{}),
 	}
 	return c
 }

@@ -165,6 +165,9 @@ func (c *Conn) unread(park bool) (unreadView, error) {
 	}
 	err := c.readErrLocked()
 	c.readParked = park && err == nil
+	if c.readParked && c.readable == nil {
+		c.readable = make(chan struct{}, 1)
+	}
 	return v, err
 }
 
@@ -290,11 +293,9 @@ func (c *Conn) waitReadable() error {
 	default:
 	}
 	select {
-	case <-c.readable:
+	case <-c.readable: // made by unread, which marked this Read parked; Close signals it too
 		return nil
 	case <-dl:
 		return os.ErrDeadlineExceeded
-	case <-c.closed:
-		return net.ErrClosed
 	}
 }

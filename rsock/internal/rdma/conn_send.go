@@ -337,6 +337,7 @@ func (c *Conn) awaitRoomLocked(s *spin) error {
 		return nil
 	}
 	c.writeParked = true
+	c.makeWritableLocked()
 	c.mu.Unlock()
 	return c.waitWritable()
 }
@@ -351,12 +352,18 @@ func (c *Conn) waitWritable() error {
 	default:
 	}
 	select {
-	case <-c.writable:
+	case <-c.writable: // made by the writer as it parked; Close signals it too
 		return nil
 	case <-dl:
 		return os.ErrDeadlineExceeded
-	case <-c.closed:
-		return net.ErrClosed
+	}
+}
+
+// makeWritableLocked makes the channel a parking writer waits on, the first time one
+// parks (see Conn.readable).
+func (c *Conn) makeWritableLocked() {
+	if c.writable == nil {
+		c.writable = make(chan struct{}, 1)
 	}
 }
 

@@ -299,6 +299,7 @@ func (c *Conn) awaitDirect() error {
 			continue
 		}
 		c.writeParked = true
+		c.makeWritableLocked()
 		c.mu.Unlock()
 		<-c.writable // completions, failure and teardown all signal it
 	}
