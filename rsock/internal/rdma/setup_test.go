@@ -28,7 +28,10 @@ func TestProtectionDomainPerConnection(t *testing.T) {
 	require.NotSame(t, eps[0].pd, eps[1].pd)
 	require.Same(t, eps[0].dev, eps[1].dev)
 	require.NoError(t, eps[0].Abort())
-	require.Equal(t, 2, f.Stats().PDs, "PDs after one endpoint is released")
+	s = f.Stats()
+	// The released endpoint's PD stays, without a QP, in the device's pool (pool.go).
+	require.Equal(t, 2, s.QPs, "QPs after one endpoint is released: %+v", s)
+	require.Equal(t, 3, s.PDs, "PDs after one endpoint is released, one pooled: %+v", s)
 	for _, ep := range eps[1:] {
 		require.NoError(t, ep.Abort())
 	}
@@ -206,10 +209,10 @@ func TestPrepareOnFakeProvider(t *testing.T) {
 	require.Same(t, eps[0].poller, eps[1].poller)
 	require.NoError(t, eps[0].Abort())
 	live, _, _ = p.counts()
-	require.Equal(t, fakeCounts{Contexts: 1, PDs: 1, MRs: 2, QPs: 1, CQs: 1, Chans: 1}, live, "after one Abort")
+	require.Equal(t, fakeCounts{Contexts: 1, PDs: 2, MRs: 4, QPs: 1, CQs: 1, Chans: 1}, live, "after one Abort, its shell pooled")
 	require.NoError(t, eps[1].Abort())
 	live, _, _ = p.counts()
-	require.Equal(t, fakeCounts{Contexts: 1, CQs: 1, Chans: 1}, live, "warm: the device and one CQ")
+	require.Equal(t, fakeCounts{Contexts: 1, PDs: 2, MRs: 4, CQs: 1, Chans: 1}, live, "warm: the device, one CQ and two pooled shells")
 	requireFakeReleased(t, p)
 }
 
