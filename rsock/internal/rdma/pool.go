@@ -33,19 +33,23 @@ import (
 // event: closeLocked), and holds shells only while the device keeps warm.
 //
 // Security. A reused ring keeps its address and rkey, which the previous connection's
-// peer knew. That peer cannot reach it: the previous QP is destroyed before the shell is
-// pooled, and the shell's PD holds no QP until the next connection creates its own; a
-// remote write must name a region of the responder QP's PD and arrive on that QP,
-// connected to the sender: verbs/soft checks the requester's device, QP number, GID and
-// the expected PSN before it checks the rkey (qp_recv.go, CheckRemote), and a kernel
-// device takes a request only for a QP in RTR or RTS, in its PSN window (random per
-// connection, setup.go), and, for RoCE on rdma_rxe, from the path the QP was connected
-// to. The previous peer's QP is connected to a QP number that no longer exists, or, if
-// the device reuses the number, to a QP expecting a random PSN and another peer. That
-// is the same exposure as without a pool, where a device may hand out a predictable
-// rkey (mlx5 varies only its low 8 bits) for the new ring: an rkey was never a secret
-// that isolation rests on. What the previous connection left in the memory is cleared
-// before the shell is reused (takeShell).
+// peer knew; nothing else carries over. That peer's QP cannot reach the ring: the
+// previous QP is destroyed before the shell is pooled, the shell's PD holds no QP until
+// the next connection creates its own, and a remote write must name a region of the
+// responder QP's PD and arrive on that QP. What a device checks before the rkey:
+// verbs/soft, that the requester is the QP the responder was connected to (device, QP
+// number, GID) and sends the expected PSN (qp_recv.go); rdma_rxe, the packet's
+// addresses against the QP's path, and its PSN; hardware RoCE, only the destination QP
+// number and the PSN ("Security" in rsock's docs). The previous peer's QP is connected to
+// a QP number that no longer exists or, if the device reuses it, whose new QP expects
+// a random 24-bit PSN (setup.go) and, on soft and rxe, another peer. So what the pool
+// changes is only that the previous peer knows the reused ring's rkey without reading
+// the new proof: it helps only a host that can already forge packets with the new QP
+// number and PSN, which can inject writes with or without the rkey's knowledge on a
+// plaintext "rdma" connection (the proof that carries the rkey crosses the fabric in
+// plaintext, and devices' rkeys are guessable: mlx5 varies their low 8 bits), and
+// whose writes fail the connection over "rdma+tls". What the previous connection left
+// in the memory is cleared before the shell is reused (takeShell).
 
 // maxPooledShells bounds the shells a device keeps: enough to carry a burst of
 // sequential or a few concurrent short connections (each takes one for its life),
