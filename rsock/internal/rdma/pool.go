@@ -135,9 +135,10 @@ func (ep *Endpoint) takeShell() (bool, error) {
 // destroyed already. They can be reused when the ring and the staging buffer are still
 // the first ones (conn_resize.go replaced neither), no other region is registered in
 // the PD (a ring announced or replaced, a direct write's buffer that failed to
-// deregister: ep.dirty), the device keeps warm and its pool has room.
+// deregister: ep.dirty), no ReadFrom is still reading into the staging buffer
+// (ep.stageLent), the device keeps warm and its pool has room.
 func (ep *Endpoint) poolShell() bool {
-	if ep.dev == nil || ep.pd == nil || ep.qp != nil || ep.dirty ||
+	if ep.dev == nil || ep.pd == nil || ep.qp != nil || ep.dirty || ep.stageLent.Load() ||
 		ep.ring != verbs.MR(&ep.firstRing) || ep.sendBuf != verbs.MR(&ep.firstSend) ||
 		ep.oldRing != nil || ep.nextRing != nil || ep.oldSend != nil {
 		return false
@@ -159,6 +160,14 @@ func (ep *Endpoint) poolShell() bool {
 	ep.firstRing, ep.firstSend = countedMR{}, countedMR{}
 	ep.ring, ep.sendBuf, ep.pd = nil, nil, nil
 	return true
+}
+
+// lendStage marks the staging buffer as written outside mu (ReadFrom), or no longer:
+// a Close meanwhile does not pool the endpoint's shell (poolShell).
+func (c *Conn) lendStage(lent bool) {
+	if c.ep != nil {
+		c.ep.stageLent.Store(lent)
+	}
 }
 
 // popShellLocked takes a shell of key out of the pool; devices is locked. The newest

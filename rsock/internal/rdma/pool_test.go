@@ -1,7 +1,9 @@
 package rdma
 
 import (
+	"io"
 	"os"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -310,4 +312,42 @@ func TestPoolKeepsLimits(t *testing.T) {
 			requireNoRegistrations(t, dev)
 		})
 	}
+}
+
+// enteredReader signals entered when its first Read begins, then reads r.
+type enteredReader struct {
+	r       io.Reader
+	entered chan struct{}
+	once    sync.Once
+}
+
+func (e *enteredReader) Read(p []byte) (int, error) {
+	e.once.Do(func() { close(e.entered) })
+	return e.r.Read(p)
+}
+
+// TestPoolSkipsLentStage: a Conn closed while a ReadFrom is reading into its staging
+// buffer does not pool its shell, since that Read may still write into the buffer; the
+// peer's, closed as usual, is pooled.
+func TestPoolSkipsLentStage(t *testing.T) {
+	f := soft.New(soft.Options{})
+	opts := Options{RingSize: 4 << 10, GrowRingTo: -1, SendBufferSize: 4 << 10, Linger: -1}
+	a, b := connPair(t, f, opts)
+	dev := a.ep.dev
+	pr, pw := io.Pipe()
+	r := &enteredReader{r: pr, entered: make(chan struct{})}
+	done := make(chan error, 1)
+	go func() {
+		_, err := a.ReadFrom(r)
+		done <- err
+	}()
+	<-r.entered
+	require.True(t, a.ep.stageLent.Load(), "staging lent while ReadFrom reads")
+	require.NoError(t, a.Close())
+	require.Zero(t, pooled(dev), "the shell of a Conn whose staging was lent")
+	require.NoError(t, b.Close())
+	require.Equal(t, 1, pooled(dev), "the peer's shell")
+	pw.Close() // the Read ends with io.EOF, which ReadFrom reports as nil
+	require.NoError(t, <-done)
+	requireReleased(t, f)
 }
