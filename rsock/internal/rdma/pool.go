@@ -48,8 +48,24 @@ import (
 // number and PSN, which can inject writes with or without the rkey's knowledge on a
 // plaintext "rdma" connection (the proof that carries the rkey crosses the fabric in
 // plaintext, and devices' rkeys are guessable: mlx5 varies their low 8 bits), and
-// whose writes fail the connection over "rdma+tls". What the previous connection left
+// whose writes fail the connection over "rdma+tls". None of this holds where the peer
+// reaches a region other than through a QP (verbs/shm maps it into the peer's process):
+// such providers pool nothing (qpIsolator). What the previous connection left
 // in the memory is cleared before the shell is reused (takeShell).
+
+// qpIsolator is implemented by providers on which a peer reaches a registered region
+// only through a QP of the region's PD, checked by the device on every access
+// (verbs/soft, verbs/ibv): once the PD holds no QP, no peer reaches the region, and it
+// may serve another connection. Other providers pool nothing: verbs/shm hands a
+// region's memory itself to the peer's process, which may keep its mapping after the
+// connection and write into it at will.
+type qpIsolator interface{ IsolatesRegionsByQP() bool }
+
+// isolatesByQP reports whether the endpoint's provider is a qpIsolator that says so.
+func (ep *Endpoint) isolatesByQP() bool {
+	p, _ := ep.dev.key.provider.(qpIsolator)
+	return p != nil && p.IsolatesRegionsByQP()
+}
 
 // maxPooledShells bounds the shells a device keeps: enough to carry a burst of
 // sequential or a few concurrent short connections (each takes one for its life),
@@ -135,12 +151,13 @@ func (ep *Endpoint) takeShell() (bool, error) {
 // destroyed already. They can be reused when the ring and the staging buffer are still
 // the first ones (conn_resize.go replaced neither), no other region is registered in
 // the PD (a ring announced or replaced, a direct write's buffer that failed to
-// deregister: ep.dirty), no ReadFrom is still reading into the staging buffer
+// deregister: ep.dirty), the provider keeps regions behind their PD's QPs
+// (qpIsolator), no ReadFrom is still reading into the staging buffer
 // (ep.stageLent), the device keeps warm and its pool has room.
 func (ep *Endpoint) poolShell() bool {
 	if ep.dev == nil || ep.pd == nil || ep.qp != nil || ep.dirty || ep.stageLent.Load() ||
 		ep.ring != verbs.MR(&ep.firstRing) || ep.sendBuf != verbs.MR(&ep.firstSend) ||
-		ep.oldRing != nil || ep.nextRing != nil || ep.oldSend != nil {
+		ep.oldRing != nil || ep.nextRing != nil || ep.oldSend != nil || !ep.isolatesByQP() {
 		return false
 	}
 	s := shell{

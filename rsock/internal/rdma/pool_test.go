@@ -351,3 +351,28 @@ func TestPoolSkipsLentStage(t *testing.T) {
 	require.NoError(t, <-done)
 	requireReleased(t, f)
 }
+
+// opaqueProvider is a provider that does not say it keeps regions behind their PD's
+// QPs (qpIsolator), as verbs/shm, whose peers map the regions themselves.
+type opaqueProvider struct{ verbs.Provider }
+
+// TestPoolOnlyWhereQPsIsolate: on a provider that does not say its regions are reached
+// only through their PD's QPs, a released endpoint's PD and regions are freed, not
+// pooled, and the next endpoint allocates its own.
+func TestPoolOnlyWhereQPsIsolate(t *testing.T) {
+	f := soft.New(soft.Options{})
+	p := &opaqueProvider{Provider: f}
+	ep, err := Prepare(p, loopback, Options{})
+	require.NoError(t, err)
+	dev, pd := ep.dev, ep.pd
+	require.NoError(t, ep.Abort())
+	require.Zero(t, pooled(dev), "shells pooled")
+	s := f.Stats()
+	require.Zero(t, s.PDs+s.MRs, "PDs and MRs after Abort: %+v", s)
+	ep, err = Prepare(p, loopback, Options{})
+	require.NoError(t, err)
+	require.False(t, ep.pd == pd, "the PD was reused")
+	require.NoError(t, ep.Abort())
+	require.NoError(t, CloseIdle(p))
+	requireReleasedNow(t, f)
+}
