@@ -187,6 +187,14 @@ func (c *Conn) lendStage(lent bool) {
 	}
 }
 
+// taintPD marks the endpoint's PD as holding a region that failed to deregister: its
+// shell is not pooled (poolShell).
+func (c *Conn) taintPD() {
+	if c.ep != nil {
+		c.ep.dirty = true
+	}
+}
+
 // popShellLocked takes a shell of key out of the pool; devices is locked. The newest
 // first: its memory is the likeliest to be in cache.
 func (d *device) popShellLocked(key shellKey) (shell, bool) {

@@ -376,3 +376,42 @@ func TestPoolOnlyWhereQPsIsolate(t *testing.T) {
 	require.NoError(t, CloseIdle(p))
 	requireReleasedNow(t, f)
 }
+
+// TestPoolShellConditions: an endpoint released with anything but its first ring and
+// staging buffer in its PD, or with a ReadFrom reading into its staging, is freed, not
+// pooled; every case leaves nothing behind once the device closes.
+func TestPoolShellConditions(t *testing.T) {
+	extra := func(t *testing.T, ep *Endpoint) verbs.MR {
+		mr, err := ep.registerMR(4<<10, ringAccess, "test region")
+		require.NoError(t, err)
+		return mr
+	}
+	tests := []struct {
+		name   string
+		mutate func(t *testing.T, ep *Endpoint)
+		pooled int
+	}{
+		{"untouched", func(*testing.T, *Endpoint) {}, 1},
+		{"ring switched, old ring held", func(t *testing.T, ep *Endpoint) { ep.oldRing, ep.ring = ep.ring, extra(t, ep) }, 0},
+		{"ring announced", func(t *testing.T, ep *Endpoint) { ep.nextRing = extra(t, ep) }, 0},
+		{"staging grown, old staging held", func(t *testing.T, ep *Endpoint) { ep.oldSend, ep.sendBuf = ep.sendBuf, extra(t, ep) }, 0},
+		{"a region failed to deregister", func(_ *testing.T, ep *Endpoint) { ep.dirty = true }, 0},
+		{"staging lent to ReadFrom", func(_ *testing.T, ep *Endpoint) { ep.stageLent.Store(true) }, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := soft.New(soft.Options{})
+			ep, err := Prepare(f, loopback, Options{})
+			require.NoError(t, err)
+			dev := ep.dev
+			tt.mutate(t, ep)
+			require.NoError(t, ep.Abort())
+			require.Equal(t, tt.pooled, pooled(dev), "shells pooled")
+			s := f.Stats()
+			require.Equal(t, tt.pooled, s.PDs, "PDs left: %+v", s)
+			require.Equal(t, 2*tt.pooled, s.MRs, "MRs left: %+v", s)
+			requireReleased(t, f)
+			requireNoRegistrations(t, dev)
+		})
+	}
+}
