@@ -415,3 +415,33 @@ func TestPoolShellConditions(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkPrepare prepares and aborts endpoints with the defaults on a warm soft
+// device: "pooled" takes the previous endpoint's shell, "unpooled" (soft behind a
+// provider that does not say it isolates regions by QP) allocates a PD and registers
+// a ring and a staging buffer each time, as before the pool.
+func BenchmarkPrepare(b *testing.B) {
+	for _, bm := range []struct {
+		name string
+		p    func(*soft.Fabric) verbs.Provider
+	}{
+		{"pooled", func(f *soft.Fabric) verbs.Provider { return f }},
+		{"unpooled", func(f *soft.Fabric) verbs.Provider { return &opaqueProvider{Provider: f} }},
+	} {
+		b.Run(bm.name, func(b *testing.B) {
+			f := soft.New(soft.Options{})
+			p := bm.p(f)
+			b.Cleanup(func() { CloseIdle(p) })
+			b.ReportAllocs()
+			for b.Loop() {
+				ep, err := Prepare(p, loopback, Options{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := ep.Abort(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
