@@ -160,6 +160,12 @@ func (p *provider) Name() string { return "ibv" }
 // before registering, to fall back with a reason instead of the kernel's ENOMEM.
 func (p *provider) PinsMemory() bool { return true }
 
+// IsolatesRegionsByQP reports that a peer reaches a registered region only through a
+// QP of the region's PD (the device checks the rkey against the responder QP's PD): a
+// region whose PD holds no QP is out of every peer's reach. rsock's engine reuses such
+// regions for later connections.
+func (p *provider) IsolatesRegionsByQP() bool { return true }
+
 // Devices lists every device libibverbs finds, each opened briefly to query it.
 func (p *provider) Devices() ([]verbs.DeviceAttr, error) {
 	list, n, err := getDeviceList()

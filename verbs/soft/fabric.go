@@ -194,6 +194,11 @@ func (l Limits) withDefaults() Limits {
 // Name returns "soft".
 func (f *Fabric) Name() string { return "soft" }
 
+// IsolatesRegionsByQP reports that a peer reaches a registered region only through a
+// QP of the region's PD, connected to the peer's: a region whose PD holds no QP is
+// out of every peer's reach. rsock's engine reuses such regions for later connections.
+func (f *Fabric) IsolatesRegionsByQP() bool { return true }
+
 // Devices lists the fabric's devices. The slices returned are copies.
 func (f *Fabric) Devices() ([]verbs.DeviceAttr, error) {
 	if f.configErr != nil {

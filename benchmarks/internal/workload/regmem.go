@@ -26,6 +26,14 @@ type countingProvider struct {
 	r *regCounter
 }
 
+// IsolatesRegionsByQP passes the provider's answer through, so that the wrapper keeps
+// what the engine does on the provider: it pools endpoint shells (PD, first ring and
+// staging buffer, still registered and counted here) only where the provider says so.
+func (p *countingProvider) IsolatesRegionsByQP() bool {
+	i, ok := p.Provider.(interface{ IsolatesRegionsByQP() bool })
+	return ok && i.IsolatesRegionsByQP()
+}
+
 func (p *countingProvider) Open(device string) (verbs.Context, error) {
 	c, err := p.Provider.Open(device)
 	if err != nil {

@@ -202,6 +202,12 @@ func (ep *Endpoint) registerUserMR(reg verbs.MemoryRegistrar, buf []byte, access
 func (ep *Endpoint) registerCounted(m *countedMR, n int, what string, register func() (verbs.MR, error)) (verbs.MR, error) {
 	pins := ep.pinsMemory()
 	c, err := charge(ep.dev, pins, n, ep.opts.MaxRegisteredMemory)
+	for err != nil { // pooled shells (pool.go) must not refuse a registration
+		if evict, anywhere := evictsFor(err); !evict || !evictShell(ep.dev, anywhere) {
+			break
+		}
+		c, err = charge(ep.dev, pins, n, ep.opts.MaxRegisteredMemory)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("register %d-byte %s: %w", n, what, err)
 	}
@@ -210,6 +216,9 @@ func (ep *Endpoint) registerCounted(m *countedMR, n int, what string, register f
 		return nil, fmt.Errorf("register %d-byte %s: %w", n, what, err)
 	}
 	mr, err := register()
+	for err != nil && pins && errors.Is(err, syscall.ENOMEM) && evictShell(ep.dev, true) {
+		mr, err = register() // pooled shells pinned what the kernel refused
+	}
 	if err != nil {
 		ep.refund(0, n)
 		c.uncharge()

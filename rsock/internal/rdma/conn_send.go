@@ -79,10 +79,13 @@ func (c *Conn) writeSome(p []byte, r io.Reader) (int, error) {
 			// Read into staging outside mu: only writers touch staging above
 			// stageTail, and wmu keeps them out. Then post all that was read.
 			buf := c.stageWindow(room)
+			c.lendStage(true) // pool.go: a Close meanwhile must not pool the staging buffer
 			c.mu.Unlock()
 			s.end() // r.Read may block: no spinning slot held meanwhile (endSpin)
 			m, rerr := r.Read(buf)
-			if err := c.postStaged(m); err != nil {
+			err := c.postStaged(m)
+			c.lendStage(false)
+			if err != nil {
 				return 0, err
 			}
 			if m == 0 && rerr == nil {

@@ -48,6 +48,8 @@ type device struct {
 	pollers []*poller
 
 	events deviceEvents // the async event listener (events.go)
+
+	shells []shell // pooled endpoint shells (pool.go), guarded by devices
 }
 
 // portPath is where one connection leaves its device: the port and the source GID
@@ -276,7 +278,7 @@ func (d *device) closeLocked() error {
 	pollers := d.pollers
 	d.pollers = nil
 	d.mu.Unlock()
-	var errs []error
+	errs := []error{d.closeShellsLocked()} // pool.go: before the context they live in
 	for _, p := range pollers {
 		errs = append(errs, p.close())
 	}

@@ -35,7 +35,7 @@
 // buffer), conn_flow.go (credits and completions), conn_close.go (FIN and teardown),
 // poller.go (completion polling shared by many connections, one CQ per poller, spread
 // over the device's completion vectors), device.go (per-device shared context and
-// CQs), warm.go (devices kept open between connections), events.go (the device's asynchronous events: a fatal device or a port going
+// CQs), warm.go (devices kept open between connections), pool.go (endpoints' PDs and first regions reused by the next), events.go (the device's asynchronous events: a fatal device or a port going
 // down fails its connections at once, port changes refresh the device listing),
 // conn_alive.go (liveness: the keepalive probe and the silence bound), caps.go (device
 // limits), budget.go (registered-memory budget and RLIMIT_MEMLOCK), conn_resize.go
@@ -76,9 +76,13 @@
 // many connections share one registration (pooled pinned memory). With a PD per
 // connection, pooling stays per connection: a ring grows and shrinks by registering
 // regions in the connection's PD, and the pages behind them may come from a
-// process-wide pool of unpinned memory; one registration is never shared. If
-// registration cost ever dominates (many short connections), windows bound to each QP
-// over a per-process region are the way on, behind the same seam (registerCounted and Budget).
+// process-wide pool of unpinned memory; one registration is never shared at once.
+// Short connections in a row reuse whole PDs instead: a released endpoint's PD, first
+// ring and staging buffer wait, registered, in a small pool on the device for the next
+// endpoint of the same sizes (pool.go), which never shares them with another. If
+// registration cost ever dominates beyond that (many concurrent short connections),
+// windows bound to each QP over a per-process region are the way on, behind the same
+// seam (registerCounted and Budget).
 //
 // Options.Budget bounds what an endpoint may hold: it is charged for the QP and for
 // every registered byte before they are allocated, and refunded as they are released.

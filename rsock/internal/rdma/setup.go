@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/bits"
 	"net/netip"
+	"sync/atomic"
 	"time"
 
 	"github.com/rsockio/rsock/verbs"
@@ -241,6 +242,13 @@ type Endpoint struct {
 	psn      uint32
 	inline   int
 	admitted bool // counted in dev.conns
+	// dirty says a region other than the endpoint's own may still be registered in pd
+	// (a direct write's buffer that failed to deregister): its shell is not pooled.
+	dirty bool
+	// stageLent says a ReadFrom is reading into the staging buffer outside the Conn's
+	// lock (conn_send.go), where a Close may release the endpoint: its shell is not
+	// pooled, so that the Read never writes into another connection's buffer.
+	stageLent atomic.Bool
 
 	// What is charged to opts.Budget: queue pairs and registered bytes.
 	qpCharge, memCharge int
@@ -305,13 +313,7 @@ func PrepareContext(ctx context.Context, p verbs.Provider, ip netip.Addr, opts O
 		ep.entries = 0
 		return nil, err
 	}
-	if ep.pd, err = dev.ctx.AllocPD(); err != nil {
-		return nil, fmt.Errorf("allocate protection domain on %s: %w", dev.attr.Name, err)
-	}
-	if ep.ring, err = ep.registerMRIn(&ep.firstRing, opts.RingSize+mailboxSize, ringAccess, "receive ring"); err != nil {
-		return nil, err
-	}
-	if ep.sendBuf, err = ep.registerMRIn(&ep.firstSend, opts.firstSendBuffer(), verbs.AccessLocalWrite, "send buffer"); err != nil {
+	if err = ep.prepareMemory(); err != nil {
 		return nil, err
 	}
 	ep.inline = min(dev.attr.MaxInline, maxInline)
@@ -350,6 +352,25 @@ func PrepareContext(ctx context.Context, p verbs.Provider, ip netip.Addr, opts O
 		return nil, err
 	}
 	return ep, nil
+}
+
+// prepareMemory gives the endpoint its protection domain, first ring (with the mailbox)
+// and first staging buffer: a pooled shell's (pool.go), or new ones.
+func (ep *Endpoint) prepareMemory() (err error) {
+	if ok, err := ep.takeShell(); ok || err != nil {
+		return err
+	}
+	dev, opts := ep.dev, ep.opts
+	if ep.pd, err = dev.ctx.AllocPD(); err != nil {
+		return fmt.Errorf("allocate protection domain on %s: %w", dev.attr.Name, err)
+	}
+	if ep.ring, err = ep.registerMRIn(&ep.firstRing, opts.RingSize+mailboxSize, ringAccess, "receive ring"); err != nil {
+		return err
+	}
+	if ep.sendBuf, err = ep.registerMRIn(&ep.firstSend, opts.firstSendBuffer(), verbs.AccessLocalWrite, "send buffer"); err != nil {
+		return err
+	}
+	return nil
 }
 
 // Offer returns what the peer needs to connect to this endpoint.
@@ -456,9 +477,13 @@ func (ep *Endpoint) release() error {
 		}
 	}
 	if ep.qp != nil {
-		add(ep.qp.Close())
+		if err := ep.qp.Close(); err != nil {
+			add(err)
+			ep.dirty = true // a QP may be left in the PD
+		}
 		ep.qp = nil
 	}
+	ep.poolShell() // pool.go: else the loops below free the regions and the PD
 	for _, mr := range [...]*verbs.MR{&ep.sendBuf, &ep.oldSend, &ep.ring, &ep.oldRing, &ep.nextRing} {
 		if *mr != nil {
 			add((*mr).Close())

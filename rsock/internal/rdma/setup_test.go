@@ -28,7 +28,10 @@ func TestProtectionDomainPerConnection(t *testing.T) {
 	require.NotSame(t, eps[0].pd, eps[1].pd)
 	require.Same(t, eps[0].dev, eps[1].dev)
 	require.NoError(t, eps[0].Abort())
-	require.Equal(t, 2, f.Stats().PDs, "PDs after one endpoint is released")
+	s = f.Stats()
+	// The released endpoint's PD stays, without a QP, in the device's pool (pool.go).
+	require.Equal(t, 2, s.QPs, "QPs after one endpoint is released: %+v", s)
+	require.Equal(t, 3, s.PDs, "PDs after one endpoint is released, one pooled: %+v", s)
 	for _, ep := range eps[1:] {
 		require.NoError(t, ep.Abort())
 	}

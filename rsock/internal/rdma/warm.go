@@ -196,8 +196,9 @@ func (p *poller) healthy() bool {
 
 // Warm reports whether preparing an endpoint on provider p for local address ip with
 // opts would find its device open and the provider's device listing cached: then
-// PrepareContext makes only the connection's own verbs calls (protection domain,
-// registrations, queue pair), and lists and opens nothing. rsock's client sends its
+// PrepareContext makes only the connection's own verbs calls (a queue pair, and a
+// protection domain and registrations unless a pooled shell serves: pool.go), and
+// lists and opens nothing. rsock's client sends its
 // hello in one piece when the device is warm, and its first bytes ahead of the
 // preparation when it is not.
 func Warm(p verbs.Provider, ip netip.Addr, opts Options) bool {

@@ -51,7 +51,9 @@ func TestDeviceStaysWarm(t *testing.T) {
 		s := f.Stats()
 		require.Equal(t, 1, s.Contexts, "contexts while idle: %+v", s)
 		require.Equal(t, 1, s.CQs, "CQs while idle: %+v", s)
-		require.Zero(t, s.QPs+s.PDs+s.MRs, "per-connection resources while idle: %+v", s)
+		require.Zero(t, s.QPs, "QPs while idle: %+v", s)
+		require.Equal(t, 1, s.PDs, "PDs while idle: the pooled shell's (pool.go): %+v", s)
+		require.Equal(t, 2, s.MRs, "MRs while idle: the pooled shell's ring and send buffer: %+v", s)
 
 		time.Sleep(attrCacheTTL / 2) // within the listing's lifetime too
 		e, err = Prepare(p, loopback, Options{})

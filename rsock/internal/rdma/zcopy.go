@@ -150,6 +150,7 @@ func (c *Conn) dropDirectLocked(e *directMR) bool {
 	err := e.mr.Close()
 	*e = directMR{}
 	if err != nil {
+		c.taintPD() // pool.go: the PD may still hold it
 		c.failLocked(fmt.Errorf("%w: deregister a written buffer: %w", ErrQPFailed, err))
 		return false
 	}
@@ -165,6 +166,7 @@ func (c *Conn) releaseDirectLocked() error {
 	for i := range d.entries {
 		if e := &d.entries[i]; e.mr != nil {
 			if err := e.mr.Close(); err != nil && first == nil {
+				c.taintPD() // pool.go: the PD may still hold it
 				first = fmt.Errorf("rdma: close: deregister a written buffer: %w", err)
 			}
 			*e = directMR{}
