@@ -86,7 +86,8 @@ type Conn struct {
 	spill       spillBuf
 	spillMax    int    // most bytes spill may hold
 	reading     bool   // a Read or WriteTo is in progress: nothing may spill
-	releaseLeft bool   // Close tore down during a Read, which releases the endpoint (teardown)
+	stageLent   bool   // a ReadFrom reads into staging outside mu (conn_send.go)
+	releaseLeft bool   // Close tore down during a Read or such a ReadFrom, which releases the endpoint (teardown)
 	spilled     uint64 // bytes ever moved out of the ring into spill
 	linger      time.Duration
 

@@ -146,9 +146,12 @@ func (c *Conn) Abandon() error {
 
 // teardown flushes the QP, stops its completions and releases every resource. A Read or
 // WriteTo in progress may still be copying out of the ring (it copies without mu, and
-// WriteTo hands ring memory to its writer): then the registered memory, the QP and the
-// device reference are released by that Read when it ends (consume), never under it. The
-// Read ends promptly: closed is closed, and it returns net.ErrClosed at its next step.
+// WriteTo hands ring memory to its writer), and a ReadFrom may be reading into the
+// staging buffer (its reader's Read, outside mu): then the registered memory, the QP
+// and the device reference are released by the last of them as it ends (consume,
+// returnStage), never under it, since some providers unmap registered memory as they
+// release it. The Read ends promptly: closing is set, and it returns net.ErrClosed at
+// its next step; the ReadFrom, when its reader's Read returns.
 func (c *Conn) teardown() error {
 	var errs []error
 	if err := c.qp.ToError(); err != nil {
@@ -156,7 +159,7 @@ func (c *Conn) teardown() error {
 	}
 	c.ep.poller.detach(c.qp.QPN())
 	c.mu.Lock()
-	left := c.reading
+	left := c.reading || c.stageLent
 	c.releaseLeft = left
 	if err := c.releaseDirectLocked(); err != nil { // zcopy.go
 		errs = append(errs, err)

@@ -200,10 +200,10 @@ func (c *Conn) consume(fromSpill, fromRing int, done bool) {
 		c.reading = false
 	}
 	if c.closing {
-		release := done && c.releaseLeft
+		release := false
 		if done {
 			c.spill.release() // Close left it to this Read
-			c.releaseLeft = false
+			release = c.lastToLeaveLocked()
 		}
 		c.mu.Unlock()
 		if release {

@@ -79,12 +79,12 @@ func (c *Conn) writeSome(p []byte, r io.Reader) (int, error) {
 			// Read into staging outside mu: only writers touch staging above
 			// stageTail, and wmu keeps them out. Then post all that was read.
 			buf := c.stageWindow(room)
-			c.lendStage(true) // pool.go: a Close meanwhile must not pool the staging buffer
+			c.stageLent = true // a Close meanwhile leaves the endpoint's release to us (teardown)
 			c.mu.Unlock()
 			s.end() // r.Read may block: no spinning slot held meanwhile (endSpin)
 			m, rerr := r.Read(buf)
-			err := c.postStaged(m)
-			c.lendStage(false)
+			c.returnStage()
+			err := c.postStaged(m) // fails once closed: nothing read is posted then
 			if err != nil {
 				return 0, err
 			}
@@ -100,6 +100,31 @@ func (c *Conn) writeSome(p []byte, r io.Reader) (int, error) {
 			return 0, err
 		}
 	}
+}
+
+// returnStage ends ReadFrom's use of the staging buffer outside mu. A Close that tore
+// down meanwhile left the endpoint to the last of this and a Read in progress
+// (teardown): the staging buffer is registered memory, unmapped on release by some
+// providers, and must outlive the Read into it.
+func (c *Conn) returnStage() {
+	c.mu.Lock()
+	c.stageLent = false
+	release := c.closing && c.lastToLeaveLocked()
+	c.mu.Unlock()
+	if release {
+		_ = c.ep.release() // Close has returned: nobody to tell, and it is gone either way
+	}
+}
+
+// lastToLeaveLocked reports whether the endpoint's release was left to a Read or
+// ReadFrom (teardown) and none is in progress any more: the caller, which just ended
+// one, releases it. It reports true once.
+func (c *Conn) lastToLeaveLocked() bool {
+	if !c.releaseLeft || c.reading || c.stageLent {
+		return false
+	}
+	c.releaseLeft = false
+	return true
 }
 
 // writeErr reports why no byte may be written now, or nil.

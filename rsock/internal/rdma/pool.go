@@ -152,10 +152,11 @@ func (ep *Endpoint) takeShell() (bool, error) {
 // the first ones (conn_resize.go replaced neither), no other region is registered in
 // the PD (a ring announced or replaced, a direct write's buffer that failed to
 // deregister: ep.dirty), the provider keeps regions behind their PD's QPs
-// (qpIsolator), no ReadFrom is still reading into the staging buffer
-// (ep.stageLent), the device keeps warm and its pool has room.
+// (qpIsolator), the device keeps warm and its pool has room. (No Read or ReadFrom is
+// in the ring or the staging buffer any more: a Close leaves the release to them,
+// teardown.)
 func (ep *Endpoint) poolShell() bool {
-	if ep.dev == nil || ep.pd == nil || ep.qp != nil || ep.dirty || ep.stageLent.Load() ||
+	if ep.dev == nil || ep.pd == nil || ep.qp != nil || ep.dirty ||
 		ep.ring != verbs.MR(&ep.firstRing) || ep.sendBuf != verbs.MR(&ep.firstSend) ||
 		ep.oldRing != nil || ep.nextRing != nil || ep.oldSend != nil || !ep.isolatesByQP() {
 		return false
@@ -177,14 +178,6 @@ func (ep *Endpoint) poolShell() bool {
 	ep.firstRing, ep.firstSend = countedMR{}, countedMR{}
 	ep.ring, ep.sendBuf, ep.pd = nil, nil, nil
 	return true
-}
-
-// lendStage marks the staging buffer as written outside mu (ReadFrom), or no longer:
-// a Close meanwhile does not pool the endpoint's shell (poolShell).
-func (c *Conn) lendStage(lent bool) {
-	if c.ep != nil {
-		c.ep.stageLent.Store(lent)
-	}
 }
 
 // taintPD marks the endpoint's PD as holding a region that failed to deregister: its

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"math/bits"
 	"net/netip"
-	"sync/atomic"
 	"time"
 
 	"github.com/rsockio/rsock/verbs"
@@ -245,10 +244,6 @@ type Endpoint struct {
 	// dirty says a region other than the endpoint's own may still be registered in pd
 	// (a direct write's buffer that failed to deregister): its shell is not pooled.
 	dirty bool
-	// stageLent says a ReadFrom is reading into the staging buffer outside the Conn's
-	// lock (conn_send.go), where a Close may release the endpoint: its shell is not
-	// pooled, so that the Read never writes into another connection's buffer.
-	stageLent atomic.Bool
 
 	// What is charged to opts.Budget: queue pairs and registered bytes.
 	qpCharge, memCharge int
