@@ -71,7 +71,8 @@ func writeWorkload(w io.Writer, wl workload.Workload, rows []Result) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	head := []string{"params", "transport", figure}
 	if latency {
-		head = append(head, "p99", "p999")
+		// ops/s too: for setup, connections per second, dial to close, one at a time.
+		head = append(head, "p99", "p999", "ops/s")
 	} else if wl.Figure == "MB/s" {
 		head = append(head, "ops/s")
 	}
@@ -93,7 +94,7 @@ func writeWorkload(w io.Writer, wl workload.Workload, rows []Result) {
 		}
 		v, _ := r.Figure()
 		if latency {
-			cells = append(cells, Nanos(v), Nanos(r.P99), Nanos(r.P999))
+			cells = append(cells, Nanos(v), Nanos(r.P99), Nanos(r.P999), Num(r.OpsPerSec))
 		} else {
 			cells = append(cells, Num(v))
 			if wl.Figure == "MB/s" {

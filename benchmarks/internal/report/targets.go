@@ -45,13 +45,13 @@ func Targets(results []Result) []Target {
 		return Result{}, false
 	}
 	var ts []Target
-	ratio := func(name, wl string, size int, transport, base string, limit float64, atMost bool) {
+	// ratioOf checks fig(transport's result) / fig(base's) against limit.
+	ratioOf := func(name, wl string, size int, transport, base string, limit float64, atMost bool, fig func(Result) float64) {
 		t := Target{Name: name, Limit: limit, AtMost: atMost}
 		a, ok1 := get(wl, transport, size, 0)
 		b, ok2 := get(wl, base, size, 0)
 		if ok1 && ok2 {
-			x, _ := a.Figure()
-			y, _ := b.Figure()
+			x, y := fig(a), fig(b)
 			if y > 0 {
 				t.Run = true
 				t.Value = x / y
@@ -64,6 +64,10 @@ func Targets(results []Result) []Target {
 		}
 		ts = append(ts, t)
 	}
+	figure := func(r Result) float64 { v, _ := r.Figure(); return v }
+	ratio := func(name, wl string, size int, transport, base string, limit float64, atMost bool) {
+		ratioOf(name, wl, size, transport, base, limit, atMost, figure)
+	}
 	const kib64 = 64 << 10
 	ratio("RsockRDMA stream 64KiB ≥ 0.90× SoftVerbs", workload.Stream, kib64, workload.RsockRDMA, workload.SoftVerbs, 0.90, false)
 	ratio("RsockRDMA stream 64KiB ≥ 2× RawTCP", workload.Stream, kib64, workload.RsockRDMA, workload.RawTCP, 2, false)
@@ -74,6 +78,9 @@ func Targets(results []Result) []Target {
 	ratio("RsockRDMA http tiny ≥ 1.3× RawTCP req/s", workload.HTTP, workload.HTTPTiny, workload.RsockRDMA, workload.RawTCP, 1.3, false)
 	ratio("RsockRDMA http 1MiB ≥ 1.3× RawTCP req/s", workload.HTTP, workload.HTTPBig, workload.RsockRDMA, workload.RawTCP, 1.3, false)
 	ratio("RsockRDMA grpc ≥ 1.3× RawTCP calls/s", workload.GRPC, 64, workload.RsockRDMA, workload.RawTCP, 1.3, false)
+	// Issue 15: connections set up and closed one after the other, per second.
+	ratioOf("RsockRDMA setup ≥ 0.5× RawTCP connections/s", workload.Setup, 1, workload.RsockRDMA, workload.RawTCP, 0.5, false,
+		func(r Result) float64 { return r.OpsPerSec })
 
 	// Steady-state allocations: rsock's stream and ping-pong allocate nothing of their
 	// own. go test prints allocs/op rounded down, so under one per operation is its "0".
