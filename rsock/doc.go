@@ -162,11 +162,11 @@
 // "Proving the path"): a hello captured on one bootstrap connection and replayed on
 // another never yields an RDMA connection, and nobody on the bootstrap learns a ring's
 // key, which travels only in the proof over the new queue pair. (A connection may reuse
-// the ring, cleared, and protection domain of an earlier one on the same RDMA device,
-// never over shared memory, where the peer maps the ring itself, to
-// save registering them: the ring keeps its key, which that earlier peer knew, but that
-// peer's queue pair is gone with its connection, and a write into the ring needs the
-// new queue pair's number and packet sequence number, as for any other host.)
+// the ring, cleared, and protection domain of an earlier one on the same RDMA device, to
+// save registering them; never over shared memory, where the peer maps the ring itself.
+// The ring keeps its key, which that earlier peer knew, but that peer's queue pair is
+// gone with its connection, and a write into the ring needs the new queue pair's number
+// and packet sequence number, as for any other host.)
 //
 // An RDMA peer, once connected, can write into its connection's receive ring: that is
 // how its bytes arrive. rsock parses what it writes as stream data and flow-control
