@@ -63,6 +63,15 @@ func setMemlock(t *testing.T, limit uint64, binds bool) {
 	t.Cleanup(func() { memlockLimit = old })
 }
 
+// closeIdleAll closes every idle device, the shells pooled on them (pool.go) with them:
+// a test that reads the process's registered or pinned memory, over every device, or
+// sets RLIMIT_MEMLOCK against it, starts from, or checks, what only connections hold.
+// (With -tags rdma, an earlier test's rdma-core device and its pool may be idle.)
+func closeIdleAll(t *testing.T) {
+	t.Helper()
+	require.NoError(t, CloseIdle(nil))
+}
+
 // registeredOn is what the engine counts as registered on ep's device.
 func registeredOn(ep *Endpoint) int64 {
 	registered.Lock()
@@ -105,6 +114,7 @@ func TestRegisteredMemoryLimits(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			closeIdleAll(t) // what is pinned is counted over every device
 			setMemlock(t, tt.memlock, tt.binds)
 			f := soft.New(soft.Options{})
 			var p verbs.Provider = f
@@ -239,6 +249,7 @@ func TestRegisteredMemoryOnFake(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			closeIdleAll(t) // what is pinned is counted over every device
 			setMemlock(t, tt.memlock, tt.binds)
 			fp := newFakeProvider()
 			var p verbs.Provider = fp

@@ -54,6 +54,7 @@ func TestWriteDirectPinnedAllocs(t *testing.T) {
 			if pv.f != nil {
 				requireReleased(t, pv.f)
 			}
+			closeIdleAll(t) // with the shells pooled on the device (pool.go)
 			total, pinned := RegisteredMemory()
 			require.Zero(t, total, "registered bytes after Close")
 			require.Zero(t, pinned, "pinned bytes after Close")

@@ -103,6 +103,7 @@ func TestWriteDirectPinned(t *testing.T) {
 		{name: "under directPinMinWrite", size: directPinMinWrite - 1, wantCalls: 0, wantOn: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			closeIdleAll(t)
 			f := soft.New(soft.Options{})
 			p := &pinningRegProvider{Fabric: f, enomem: tc.enomem}
 			a, b := connPair(t, p, Options{GrowRingTo: -1})
@@ -147,6 +148,7 @@ func TestWriteDirectPinned(t *testing.T) {
 			require.True(t, bytes.Equal(want, all), "the stream read differs from the one written (%d bytes of %d)", len(all), len(want))
 			require.NoError(t, b.Close())
 			requireReleased(t, f)
+			closeIdleAll(t)
 			total, pinned = RegisteredMemory()
 			require.Equal(t, int64(0), total, "registered bytes after Close")
 			require.Equal(t, int64(0), pinned, "pinned bytes after Close")

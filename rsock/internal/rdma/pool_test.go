@@ -267,6 +267,7 @@ func TestPoolKeepsLimits(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			closeIdleAll(t) // no other device's pool in what is pinned
 			f := soft.New(soft.Options{})
 			var p verbs.Provider = f
 			if tt.pins {
