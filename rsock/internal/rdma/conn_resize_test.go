@@ -108,6 +108,7 @@ func TestRingGrows(t *testing.T) {
 		}
 		t.Run(pv.name+"/one way", func(t *testing.T) {
 			pv := fresh()
+			closeIdleAll(t)                 // no device's pooled shells (pool.go) for connPair to take
 			before, _ := RegisteredMemory() // the process's, over every device
 			a, b := connPair(t, pv.p, opts)
 			require.Equal(t, ringState{size: 4 << 10}, ringOf(b))
