@@ -98,7 +98,6 @@ type Conn struct {
 	readable chan struct{} // cap 1: data, FIN, failure or Close arrived
 	writable chan struct{} // cap 1: credit, staging or SQ space arrived, or failure or Close
 	drained  chan struct{} // cap 1: a send completion arrived (Close waits for the drain)
-	closed   atomic.Bool   // Close or Abandon has begun
 	rdl, wdl deadline
 
 	// A Read or Write is parked on readable or writable: completions signal them only
@@ -254,45 +253,34 @@ func signal(ch chan struct{}) {
 
 // SetDeadline sets both deadlines.
 func (c *Conn) SetDeadline(t time.Time) error {
-	if err := c.closedErr("set deadline"); err != nil { // conn_close.go
-		return err
-	}
-	r, w := c.rdl.set(t), c.wdl.set(t)
-	if r || w {
-		c.mu.Lock()
-		if r {
-			signal(c.readable) // a Read waiting on no deadline: wait on this one
-		}
-		if w {
-			signal(c.writable)
-		}
-		c.mu.Unlock()
-	}
-	return nil
+	return c.setDeadlines("set deadline", t, true, true)
 }
 
 // SetReadDeadline sets the deadline of pending and future Reads.
 func (c *Conn) SetReadDeadline(t time.Time) error {
-	if err := c.closedErr("set read deadline"); err != nil {
-		return err
-	}
-	if c.rdl.set(t) {
-		c.mu.Lock()
-		signal(c.readable) // a Read waiting on no deadline: wait on this one
-		c.mu.Unlock()
-	}
-	return nil
+	return c.setDeadlines("set read deadline", t, true, false)
 }
 
 // SetWriteDeadline sets the deadline of pending and future Writes.
 func (c *Conn) SetWriteDeadline(t time.Time) error {
-	if err := c.closedErr("set write deadline"); err != nil {
-		return err
+	return c.setDeadlines("set write deadline", t, false, true)
+}
+
+// setDeadlines sets the read deadline, the write deadline or both to t, and wakes a
+// Read or Write waiting on no deadline, so that it waits on this one. After Close (or
+// Abandon) began, it returns an error matching net.ErrClosed, as a closed net.Conn's
+// setters do.
+func (c *Conn) setDeadlines(op string, t time.Time, read, write bool) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closing {
+		return fmt.Errorf("rdma: %s: %w", op, net.ErrClosed)
 	}
-	if c.wdl.set(t) {
-		c.mu.Lock()
-		signal(c.writable) // a Write waiting on no deadline: wait on this one
-		c.mu.Unlock()
+	if read && c.rdl.set(t) {
+		signal(c.readable)
+	}
+	if write && c.wdl.set(t) {
+		signal(c.writable)
 	}
 	return nil
 }

@@ -64,15 +64,6 @@ func (c *Conn) Close() error {
 	return c.closeErr
 }
 
-// closedErr returns an error matching net.ErrClosed once Close (or Abandon) has begun,
-// else nil: what the methods of a closed net.Conn that have nothing else to say return.
-func (c *Conn) closedErr(op string) error {
-	if c.closed.Load() {
-		return fmt.Errorf("rdma: %s: %w", op, net.ErrClosed)
-	}
-	return nil
-}
-
 func (c *Conn) close() error {
 	c.mu.Lock()
 	c.closing = true
@@ -82,7 +73,6 @@ func (c *Conn) close() error {
 		c.postControlLocked()
 	}
 	ka := c.keepalive
-	c.closed.Store(true)
 	signal(c.readable) // a waiter sees closing
 	signal(c.writable)
 	c.mu.Unlock()
@@ -132,7 +122,6 @@ func (c *Conn) Abandon() error {
 	c.closeOnce.Do(func() {
 		c.mu.Lock()
 		c.closing = true
-		c.closed.Store(true)
 		signal(c.readable) // a waiter sees closing
 		signal(c.writable)
 		if !c.reading {

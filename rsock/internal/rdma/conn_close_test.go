@@ -387,7 +387,10 @@ func TestCloseLeavesControlToReader(t *testing.T) {
 	_, err = a.Write([]byte("last words"))
 	require.NoError(t, err)
 	require.NoError(t, a.Close(), "Close with the control channel's close held up")
-	require.True(t, a.closed.Load(), "Close returned before it began")
+	a.mu.Lock()
+	closing := a.closing
+	a.mu.Unlock()
+	require.True(t, closing, "Close returned before it began")
 	<-gate.entered // the control reader, not Close, is closing the channel
 	close(gate.open)
 	a.ctrlDone.Wait()

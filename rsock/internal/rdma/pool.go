@@ -3,6 +3,7 @@ package rdma
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"syscall"
 
 	"github.com/rsockio/rsock/verbs"
@@ -194,8 +195,7 @@ func (d *device) popShellLocked(key shellKey) (shell, bool) {
 	for i := len(d.shells) - 1; i >= 0; i-- {
 		if d.shells[i].key == key {
 			s := d.shells[i]
-			d.shells = append(d.shells[:i], d.shells[i+1:]...)
-			d.shells[len(d.shells):cap(d.shells)][0] = shell{} // hold no reference to it
+			d.shells = slices.Delete(d.shells, i, i+1) // which clears the vacated slot
 			return s, true
 		}
 	}
@@ -234,9 +234,8 @@ func (d *device) closeShellsLocked() error {
 	var errs []error
 	for i := range d.shells {
 		errs = append(errs, d.shells[i].close())
-		d.shells[i] = shell{}
 	}
-	d.shells = d.shells[:0]
+	d.shells = slices.Delete(d.shells, 0, len(d.shells))
 	return errors.Join(errs...)
 }
 
@@ -262,8 +261,7 @@ func evictShell(d *device, anywhere bool) bool {
 		return false
 	}
 	s := victim.shells[0] // the oldest
-	victim.shells = append(victim.shells[:0], victim.shells[1:]...)
-	victim.shells[len(victim.shells):cap(victim.shells)][0] = shell{}
+	victim.shells = slices.Delete(victim.shells, 0, 1)
 	devices.Unlock()
 	_ = s.close() // it held memory only; a failure to free it leaves nobody to tell
 	return true
