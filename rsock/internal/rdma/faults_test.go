@@ -34,6 +34,11 @@ func faultFabric() *soft.Fabric {
 // connPairIPs connects a Conn on the device of ipA to one on the device of ipB.
 func connPairIPs(t testing.TB, p verbs.Provider, ipA, ipB string, opts Options) (*Conn, *Conn) {
 	ca, cb := tcpPair(t)
+	return connPairOver(t, p, ipA, ipB, opts, ca, cb)
+}
+
+// connPairOver is connPairIPs with the control channels ca and cb.
+func connPairOver(t testing.TB, p verbs.Provider, ipA, ipB string, opts Options, ca, cb net.Conn) (*Conn, *Conn) {
 	ea, err := Prepare(p, netip.MustParseAddr(ipA), opts)
 	require.NoError(t, err)
 	eb, err := Prepare(p, netip.MustParseAddr(ipB), opts)
