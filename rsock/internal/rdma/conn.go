@@ -107,7 +107,6 @@ type Conn struct {
 	closeOnce sync.Once
 	startOnce sync.Once
 	closeErr  error
-	ctrlDone  sync.WaitGroup // counts the control reader while it runs
 	// The control reader runs (readerRunning) until it returns; a Close that finds it
 	// running leaves the control channel's close to it (readerFinishes: see close).
 	// Guarded by mu.
@@ -207,7 +206,6 @@ func (c *Conn) Start() {
 		c.started = true
 		c.readerRunning = true
 		c.mu.Unlock()
-		c.ctrlDone.Add(1)
 		go c.readControl()
 		if c.kaPeriod > 0 {
 			c.mu.Lock()

@@ -248,7 +248,6 @@ func (c *Conn) drain() error {
 // which checks readerFinishes after setting its own deadline, either returns at once or
 // has its Read cut short.
 func (c *Conn) readControl() {
-	defer c.ctrlDone.Done()
 	defer c.readerReturns()
 	buf := &c.ctrlBuf // in the Conn: a local array would escape into ctrl.Read
 	peerKeepsAlive := false
