@@ -42,6 +42,10 @@ type CQ struct {
 	users         int // QPs using the CQ
 
 	armedHint atomic.Bool // armed, readable without mu
+	// pending is set, under mu, whenever Poll has something to do (a completion, or the
+	// error of a closed or overflowed CQ): an empty poll, which spinning consumers make
+	// in a loop, returns without taking mu, as a hardware CQ's poll reads one entry.
+	pending atomic.Bool
 
 	eventQueued bool // an event for this CQ waits in ch; guarded by ch.mu
 }
@@ -69,9 +73,17 @@ func (c *CQ) Capacity() int { return len(c.ring) }
 // its next completion's event rather than polling.
 func (c *CQ) Armed() bool { return c.armedHint.Load() }
 
+// Pending reports, without locking, whether a Poll now may find something: a
+// completion, or the CQ's failure. A consumer that spins on the CQ checks it first,
+// reading memory no one writes until a completion arrives.
+func (c *CQ) Pending() bool { return c.pending.Load() }
+
 // Poll moves up to len(wc) completions into wc and releases their work-queue slots. It
 // allocates nothing.
 func (c *CQ) Poll(wc []verbs.WorkCompletion) (int, error) {
+	if !c.pending.Load() {
+		return 0, nil
+	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -98,6 +110,7 @@ func (c *CQ) Poll(wc []verbs.WorkCompletion) (int, error) {
 		}
 	}
 	c.n -= n
+	c.pending.Store(c.n > 0)
 	c.mu.Unlock()
 	return n, nil
 }
@@ -114,6 +127,7 @@ func (c *CQ) Push(wc *verbs.WorkCompletion, owner *Slots, sendSlot, recvSlot uin
 	}
 	if c.n == len(c.ring) {
 		c.overflowed = true
+		c.pending.Store(true)
 		c.mu.Unlock()
 		return false
 	}
@@ -125,6 +139,7 @@ func (c *CQ) Push(wc *verbs.WorkCompletion, owner *Slots, sendSlot, recvSlot uin
 	e.wc = *wc
 	e.owner, e.sendSlot, e.recvSlot = owner, sendSlot, recvSlot
 	c.n++
+	c.pending.Store(true)
 	if c.armed && (!c.solicitedOnly || solicited || wc.Status != verbs.WCSuccess) {
 		c.armed = false
 		c.armedHint.Store(false)
@@ -154,6 +169,7 @@ func (c *CQ) Forget(owner *Slots) {
 		c.ring[(c.head+k)%len(c.ring)] = entry{}
 	}
 	c.n = kept
+	c.pending.Store(c.n > 0 || c.overflowed || c.closed)
 }
 
 // Use records that a QP uses the CQ, or fails with [verbs.ErrClosed] once it is closed.
@@ -211,6 +227,7 @@ func (c *CQ) Close() error {
 	c.closed = true
 	clear(c.ring)
 	c.n = 0
+	c.pending.Store(true) // Poll reports the close
 	c.mu.Unlock()
 	if c.ch != nil {
 		c.ch.drop(c)

@@ -337,11 +337,73 @@ func TestCQPushPollAllocs(t *testing.T) {
 	require.Zero(t, allocs, "allocations per arm, 8 pushes, a poll and a wait")
 }
 
+// TestCQPending checks Pending, the lock-free look with which an empty Poll returns:
+// it must be true whenever a Poll would find something, a completion or the error of a
+// closed or overflowed CQ, or that Poll would wrongly report an empty CQ.
+func TestCQPending(t *testing.T) {
+	type op int
+	const (
+		push op = iota
+		pollOne
+		forget
+		closeCQ
+	)
+	tests := []struct {
+		name     string
+		capacity int
+		ops      []op
+		want     []bool // Pending after each op
+	}{
+		{"push then drain", 2, []op{push, push, pollOne, pollOne}, []bool{true, true, true, false}},
+		{"forget the only completion", 2, []op{push, forget}, []bool{true, false}},
+		{"overflow stays pending after polls", 1, []op{push, push, pollOne}, []bool{true, true, true}},
+		{"close of an empty CQ", 1, []op{closeCQ}, []bool{true}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newTestCQ(t, tt.capacity, nil)
+			require.False(t, c.core.Pending(), "a new CQ")
+			var s Slots
+			var wc verbs.WorkCompletion
+			for i, o := range tt.ops {
+				switch o {
+				case push:
+					c.core.Push(&wc, &s, 1, 0, false)
+				case pollOne:
+					c.core.Poll(make([]verbs.WorkCompletion, 1))
+				case forget:
+					c.core.Forget(&s)
+				case closeCQ:
+					require.NoError(t, c.core.Close())
+				}
+				require.Equal(t, tt.want[i], c.core.Pending(), "after op %d of %v", i, tt.ops)
+			}
+			// Whatever Pending said last, a Poll agrees with it.
+			n, err := c.core.Poll(make([]verbs.WorkCompletion, 4))
+			require.Equal(t, tt.want[len(tt.want)-1], n > 0 || err != nil, "Poll after the ops: %d completions, %v", n, err)
+		})
+	}
+}
+
 var canceled = func() context.Context {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	return ctx
 }()
+
+// BenchmarkCQPollEmpty is the empty poll of consumers that spin on one CQ (rsock's
+// waiting Reads and Writes, one per processor): a look that takes no lock.
+func BenchmarkCQPollEmpty(b *testing.B) {
+	c := &testCQ{}
+	c.core.Init(testProvider, c, 64, nil)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		out := make([]verbs.WorkCompletion, 16)
+		for pb.Next() {
+			c.core.Poll(out)
+		}
+	})
+}
 
 func BenchmarkCQPushPoll(b *testing.B) {
 	c := &testCQ{}
