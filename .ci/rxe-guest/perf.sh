@@ -1,8 +1,12 @@
 # perf.sh: rsockperf next to perftest and rsockets, server on host B, client on host A,
 # in one boot (busybox sh, sourced by /init). The VM is emulated: only ratios within a
-# boot mean anything. Each tool's run is one step; the figures land in /tmp/perf.txt as
-# "<tool> <measure> <value>" (MB/s for throughput, 10^6 bytes; µs for round trips), and
-# perf_ratios prints rsock/perftest and rsock/rstream as "@@RATIO" lines.
+# boot mean anything, and even those swing by a quarter or more from one minute to the
+# next (the same build's stream measured 0.66× and 1.01× of ib_write_bw in two boots).
+# So init runs every tool once per round, PERF_ROUNDS rounds one after the other, each
+# tool's run a step; the figures land in /tmp/perf.txt as "<tool> <measure> <value>
+# <round>" (MB/s for throughput, 10^6 bytes; µs for round trips), and perf_ratios prints
+# the median over the rounds of rsock/perftest and rsock/rstream, each round's ratio
+# taken between runs minutes apart at most, as "@@RATIO" lines.
 #
 # Measures: stream of 64 KiB and 4 KiB writes (throughput), 64 B ping-pong (round trip).
 #   perftest: ib_write_bw's "BW average" (MiB/s, converted) and ib_write_lat's t_typical
@@ -19,7 +23,8 @@
 #     completion channel for every completion, as rsock's default mode does once its
 #     spin runs out; rsock's rtt_64B is compared with it as rtt_64B_event.
 
-record() { echo "$1 $2 $3" >> /tmp/perf.txt; echo "figure: $1 $2 $3"; }
+PERF_ROUND=1 # set by init's loop
+record() { echo "$1 $2 $3 $PERF_ROUND" >> /tmp/perf.txt; echo "figure: $1 $2 $3 (round $PERF_ROUND)"; }
 
 # perftest_once <tool> <measure> <args...>: one perftest pair on rxe_b / rxe_a; status 2
 # when the figure it printed is not finite.
@@ -140,7 +145,7 @@ rsockperf_run() {
       if (v ~ /ns$/) { u = 0.001 } else if (v ~ /ms$/) { u = 1000 } else if (v ~ /[0-9]s$/) { u = 1000000 }
       gsub(/[^0-9.]/, "", v); printf "rsock rtt_64B %.2f\n", v * u
     }' /tmp/rp_c.log > /tmp/rp_fig.txt
-  cat /tmp/rp_fig.txt >> /tmp/perf.txt
+  sed "s/\$/ $PERF_ROUND/" /tmp/rp_fig.txt >> /tmp/perf.txt
   sed 's/^/figure: /' /tmp/rp_fig.txt
   [ "$(wc -l < /tmp/rp_fig.txt)" = 3 ] || { echo "missing rsockperf figures"; return 1; }
 }
@@ -169,28 +174,58 @@ rsockperf_spin_run() {
   record rsock rtt_64B_spin "$v"
 }
 
-# perf_ratios: rsock's figures over perftest's and rstream's. Throughput: >1 is rsock
-# faster; round trip: >1 is rsock slower.
+# perf_ratios: rsock's figures over perftest's and rstream's, the median over the rounds
+# of each round's ratio, with the rounds' ratios in brackets; the figures shown are the
+# medians of the rounds'. Throughput: >1 is rsock faster; round trip: >1 is rsock
+# slower. A round missing a figure (perftest's "-": its clock calibration failed) does
+# not count for that ratio; a measure with no round at all fails the step.
 perf_ratios() {
   awk '
-    function nz(x) { return x == "" ? "-" : x }
-    function ratio(a, b) { return (a == "" || b == "" || b + 0 == 0) ? "-" : sprintf("%.2f", a / b) }
-    { v[$1 " " $2] = $3 }
+    function num(x) { return x != "" && x != "-" && x + 0 > 0 }
+    # med: the median of a[1..n], sorted in place; "-" when n is 0.
+    function med(a, n,   i, j, t) {
+      if (n == 0) return "-"
+      for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] > t; j--) a[j + 1] = a[j]; a[j + 1] = t }
+      return (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+    }
+    function fmt(x, f) { return x == "-" ? x : sprintf(f, x) }
+    # figure: the median of tool t measure m over the rounds.
+    function figure(t, m,   r, k, a) {
+      k = 0
+      for (r = 1; r <= rounds; r++) if (num(v[t, m, r])) a[++k] = v[t, m, r]
+      return med(a, k)
+    }
+    # ratio: the median over the rounds of rsock m over tool t measure ref; list gets
+    # the rounds ratios.
+    function ratio(m, t, ref,   r, k, a, x) {
+      k = 0; list = ""
+      for (r = 1; r <= rounds; r++) {
+        if (!num(v["rsock", m, r]) || !num(v[t, ref, r])) continue
+        x = v["rsock", m, r] / v[t, ref, r]
+        a[++k] = x; list = list (list == "" ? "" : " ") sprintf("%.2f", x)
+      }
+      if (k == 0) missing = missing " " t "/" ref
+      return fmt(med(a, k), "%.2f")
+    }
+    NF >= 4 { v[$1, $2, $4] = $3; if ($4 + 0 > rounds) rounds = $4 + 0 }
     END {
       n = split("stream_64KiB stream_4KiB rtt_64B rtt_64B_spin", m, " ")
       for (i = 1; i <= n; i++) {
         ref = m[i]; sub(/_spin$/, "", ref) # the references always busy-poll
-        r = v["rsock " m[i]]; p = v["perftest " ref]; s = v["rstream " ref]
         unit = (m[i] ~ /^rtt/) ? "us round trip" : "MB/s"
-        if (r == "" || p == "" || s == "") { printf "missing figures for %s\n", m[i]; bad = 1 }
-        printf "@@RATIO %-12s rsock %s, perftest %s, rstream %s (%s); rsock/perftest %s, rsock/rstream %s\n", \
-          m[i] ":", nz(r), nz(p), nz(s), unit, ratio(r, p), ratio(r, s)
+        missing = ""
+        rp = ratio(m[i], "perftest", ref); lp = list
+        rs = ratio(m[i], "rstream", ref); ls = list
+        if (missing != "") { printf "missing figures for %s:%s\n", m[i], missing; bad = 1 }
+        printf "@@RATIO %-12s rsock %s, perftest %s, rstream %s (%s, medians of %d rounds); rsock/perftest %s [%s], rsock/rstream %s [%s]\n", \
+          m[i] ":", fmt(figure("rsock", m[i]), "%.2f"), fmt(figure("perftest", ref), "%.2f"), fmt(figure("rstream", ref), "%.2f"), unit, rounds, rp, lp, rs, ls
       }
       # rsock in default mode next to a C pair that also sleeps on its completion channel.
-      r = v["rsock rtt_64B"]; c = v["rcpingpong rtt_64B_event"]
-      if (r == "" || c == "") { printf "missing figures for rtt_64B_event\n"; bad = 1 }
-      printf "@@RATIO %-12s rsock %s, ibv_rc_pingpong -e %s (us round trip, both sleeping on completions); rsock/rc_pingpong %s\n", \
-        "rtt_64B_event:", nz(r), nz(c), ratio(r, c)
+      missing = ""
+      rc = ratio("rtt_64B", "rcpingpong", "rtt_64B_event"); lc = list
+      if (missing != "") { printf "missing figures for rtt_64B_event:%s\n", missing; bad = 1 }
+      printf "@@RATIO %-12s rsock %s, ibv_rc_pingpong -e %s (us round trip, both sleeping on completions, medians of %d rounds); rsock/rc_pingpong %s [%s]\n", \
+        "rtt_64B_event:", fmt(figure("rsock", "rtt_64B"), "%.2f"), fmt(figure("rcpingpong", "rtt_64B_event"), "%.2f"), rounds, rc, lc
       exit bad
     }' /tmp/perf.txt
 }
