@@ -90,21 +90,44 @@ wait_listen() {
   return 1
 }
 
+# children <pid>: the processes whose parent is pid (field 4 of /proc/<pid>/stat, after
+# the command name, which may hold spaces).
+children() {
+  cat /proc/[0-9]*/stat 2>/dev/null | awk -v p="$1" '{ s = $0; sub(/^[0-9]+ \(.*\) /, "", s); split(s, f, " "); if (f[2] == p) print $1 }'
+}
+
 # stop <pid> <label>: SIGTERM a background server, wait for it and say how it ended.
 # A server that had ended before it was stopped (it died, or something else signalled
-# it) is a failure, said as such.
+# it) is a failure, said as such. pid is the timeout(1) that runs the server; the
+# signal goes to the server too, because timeout did not pass it on in the guest: its
+# servers went on listening, idle, through every later step. A server still running
+# 10 s after the signal is killed, and that is a failure too.
 stop() {
-  local rc
+  local rc kids k n
   if ! kill -0 "$1" 2>/dev/null; then
     wait "$1"
     echo "$2 had already ended (status $?) before it was stopped"
     return 1
   fi
-  kill -TERM "$1" 2>/dev/null
+  kids=$(children "$1")
+  kill -TERM $kids "$1" 2>/dev/null
+  rc=0
+  for k in $kids; do
+    n=0
+    while kill -0 "$k" 2>/dev/null && [ $n -lt 50 ]; do
+      sleep 0.2
+      n=$((n + 1))
+    done
+    if kill -0 "$k" 2>/dev/null; then
+      echo "$2 (pid $k) was still running 10 s after SIGTERM: killed"
+      kill -KILL "$k" 2>/dev/null
+      rc=1
+    fi
+  done
   wait "$1"
-  rc=$?
+  k=$?
   # 143: it ended on the SIGTERM itself; a Go program that handles it exits 0.
-  [ $rc = 143 ] && rc=0
-  [ $rc = 0 ] || echo "$2 exited with status $rc"
+  [ $k = 143 ] && k=0
+  [ $k = 0 ] || { echo "$2 exited with status $k"; rc=1; }
   return $rc
 }

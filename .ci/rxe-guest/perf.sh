@@ -123,12 +123,13 @@ rstream_run() {
 }
 
 # rsockperf_run: one server and one client process, RsockRDMA, the three measures.
+# Each round listens on a port of its own.
 rsockperf_run() {
-  local spid crc src
-  timeout -k 5 300 /t/bin/rsockperf -mode server -addr $B:7100 -transports RsockRDMA > /tmp/rp_s.log 2>&1 &
+  local spid crc src port=$((7100 + PERF_ROUND))
+  timeout -k 5 300 /t/bin/rsockperf -mode server -addr $B:$port -transports RsockRDMA > /tmp/rp_s.log 2>&1 &
   spid=$!
-  wait_listen 7100 $spid || { kill $spid 2>/dev/null; cat /tmp/rp_s.log; return 1; }
-  timeout -k 5 240 /t/bin/rsockperf -mode client -q -addr $B:7100 -transports RsockRDMA \
+  wait_listen $port $spid || { kill $spid 2>/dev/null; cat /tmp/rp_s.log; return 1; }
+  timeout -k 5 240 /t/bin/rsockperf -mode client -q -addr $B:$port -transports RsockRDMA \
     -workloads stream,pingpong -sizes 64,4KiB,64KiB -duration "${PERF_SECS}s" > /tmp/rp_c.log 2>&1
   crc=$?
   stop $spid rsockperf-server
@@ -152,11 +153,11 @@ rsockperf_run() {
 
 # rsockperf_spin_run: the 64 B pingpong in spinning mode (see above), as rtt_64B_spin.
 rsockperf_spin_run() {
-  local spid crc src v
-  timeout -k 5 300 /t/bin/rsockperf -mode server -spin 100000 -addr $B:7160 -transports RsockRDMA > /tmp/rp_s.log 2>&1 &
+  local spid crc src v port=$((7160 + PERF_ROUND))
+  timeout -k 5 300 /t/bin/rsockperf -mode server -spin 100000 -addr $B:$port -transports RsockRDMA > /tmp/rp_s.log 2>&1 &
   spid=$!
-  wait_listen 7160 $spid || { kill $spid 2>/dev/null; cat /tmp/rp_s.log; return 1; }
-  timeout -k 5 240 /t/bin/rsockperf -mode client -spin 100000 -q -addr $B:7160 -transports RsockRDMA \
+  wait_listen $port $spid || { kill $spid 2>/dev/null; cat /tmp/rp_s.log; return 1; }
+  timeout -k 5 240 /t/bin/rsockperf -mode client -spin 100000 -q -addr $B:$port -transports RsockRDMA \
     -workloads pingpong -sizes 64 -duration "${PERF_SECS}s" > /tmp/rp_c.log 2>&1
   crc=$?
   stop $spid rsockperf-server
