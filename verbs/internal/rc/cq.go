@@ -73,11 +73,6 @@ func (c *CQ) Capacity() int { return len(c.ring) }
 // its next completion's event rather than polling.
 func (c *CQ) Armed() bool { return c.armedHint.Load() }
 
-// Pending reports, without locking, whether a Poll now may find something: a
-// completion, or the CQ's failure. A consumer that spins on the CQ checks it first,
-// reading memory no one writes until a completion arrives.
-func (c *CQ) Pending() bool { return c.pending.Load() }
-
 // Poll moves up to len(wc) completions into wc and releases their work-queue slots. It
 // allocates nothing.
 func (c *CQ) Poll(wc []verbs.WorkCompletion) (int, error) {

@@ -337,8 +337,8 @@ func TestCQPushPollAllocs(t *testing.T) {
 	require.Zero(t, allocs, "allocations per arm, 8 pushes, a poll and a wait")
 }
 
-// TestCQPending checks Pending, the lock-free look with which an empty Poll returns:
-// it must be true whenever a Poll would find something, a completion or the error of a
+// TestCQPending checks pending, the lock-free look with which an empty Poll returns: it
+// must be set whenever a Poll would find something, a completion or the error of a
 // closed or overflowed CQ, or that Poll would wrongly report an empty CQ.
 func TestCQPending(t *testing.T) {
 	type op int
@@ -352,7 +352,7 @@ func TestCQPending(t *testing.T) {
 		name     string
 		capacity int
 		ops      []op
-		want     []bool // Pending after each op
+		want     []bool // pending after each op
 	}{
 		{"push then drain", 2, []op{push, push, pollOne, pollOne}, []bool{true, true, true, false}},
 		{"forget the only completion", 2, []op{push, forget}, []bool{true, false}},
@@ -362,7 +362,7 @@ func TestCQPending(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := newTestCQ(t, tt.capacity, nil)
-			require.False(t, c.core.Pending(), "a new CQ")
+			require.False(t, c.core.pending.Load(), "a new CQ")
 			var s Slots
 			var wc verbs.WorkCompletion
 			for i, o := range tt.ops {
@@ -376,9 +376,9 @@ func TestCQPending(t *testing.T) {
 				case closeCQ:
 					require.NoError(t, c.core.Close())
 				}
-				require.Equal(t, tt.want[i], c.core.Pending(), "after op %d of %v", i, tt.ops)
+				require.Equal(t, tt.want[i], c.core.pending.Load(), "after op %d of %v", i, tt.ops)
 			}
-			// Whatever Pending said last, a Poll agrees with it.
+			// Whatever pending said last, a Poll agrees with it.
 			n, err := c.core.Poll(make([]verbs.WorkCompletion, 4))
 			require.Equal(t, tt.want[len(tt.want)-1], n > 0 || err != nil, "Poll after the ops: %d completions, %v", n, err)
 		})
