@@ -35,7 +35,8 @@ import (
 // 59 once the engine's Conn made its readable and writable channels only when a Read or
 // Write first parks and marked its close with a flag rather than a channel; the bound
 // leaves a little room for the background work (timers, the control channel) that a
-// run may or may not catch. Half of it, 30, is one end's share: what one dial costs.
+// run may or may not catch. Half of the 59, 29.5, is one end's share: what one dial
+// costs.
 const maxSetupAllocs = 63
 
 // TestSetupAllocs dials, accepts and closes RDMA connections one after the other on a

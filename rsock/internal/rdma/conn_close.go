@@ -206,8 +206,8 @@ func (c *Conn) drain() error {
 		// the check that precedes the park, so that no signal after it is lost (a
 		// signal to a nil channel is dropped). Most drains end while polling, and so a
 		// Conn that closes at once makes none.
-		if s.parking() && c.drained == nil {
-			c.drained = make(chan struct{}, 1)
+		if s.parking() {
+			parkChan(&c.drained)
 		}
 		drained := c.drained
 		c.mu.Unlock()

@@ -165,8 +165,8 @@ func (c *Conn) unread(park bool) (unreadView, error) {
 	}
 	err := c.readErrLocked()
 	c.readParked = park && err == nil
-	if c.readParked && c.readable == nil {
-		c.readable = make(chan struct{}, 1)
+	if c.readParked {
+		parkChan(&c.readable)
 	}
 	return v, err
 }

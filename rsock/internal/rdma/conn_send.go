@@ -365,7 +365,7 @@ func (c *Conn) awaitRoomLocked(s *spin) error {
 		return nil
 	}
 	c.writeParked = true
-	c.makeWritableLocked()
+	parkChan(&c.writable)
 	c.mu.Unlock()
 	return c.waitWritable()
 }
@@ -387,11 +387,11 @@ func (c *Conn) waitWritable() error {
 	}
 }
 
-// makeWritableLocked makes the channel a parking writer waits on, the first time one
-// parks (see Conn.readable).
-func (c *Conn) makeWritableLocked() {
-	if c.writable == nil {
-		c.writable = make(chan struct{}, 1)
+// parkChan makes *ch, one of the Conn's signals, the first time a waiter parks on it
+// (see Conn.readable). Called with mu held.
+func parkChan(ch *chan struct{}) {
+	if *ch == nil {
+		*ch = make(chan struct{}, 1)
 	}
 }
 

@@ -146,8 +146,8 @@ func (ep *Endpoint) takeShell() (bool, error) {
 	return true, nil
 }
 
-// poolShell pools the endpoint's PD and first regions, if they can be reused, and
-// reports whether it did; then the endpoint holds none of them, and their
+// poolShell pools the endpoint's PD and first regions, if they can be reused; then the
+// endpoint holds none of them, and their
 // Options.Budget charge is left for release to refund. The endpoint's QP must be
 // destroyed already. They can be reused when the ring and the staging buffer are still
 // the first ones (conn_resize.go replaced neither), no other region is registered in
@@ -156,29 +156,21 @@ func (ep *Endpoint) takeShell() (bool, error) {
 // (qpIsolator), the device keeps warm and its pool has room. (No Read or ReadFrom is
 // in the ring or the staging buffer any more: a Close leaves the release to them,
 // teardown.)
-func (ep *Endpoint) poolShell() bool {
+func (ep *Endpoint) poolShell() {
 	if ep.dev == nil || ep.pd == nil || ep.qp != nil || ep.dirty ||
 		ep.ring != verbs.MR(&ep.firstRing) || ep.sendBuf != verbs.MR(&ep.firstSend) ||
 		ep.oldRing != nil || ep.nextRing != nil || ep.oldSend != nil || !ep.isolatesByQP() {
-		return false
+		return
 	}
 	s := shell{
 		key: keyFor(ep.opts), pd: ep.pd,
 		ring: ep.firstRing.MR, ringCharge: ep.firstRing.charge,
 		send: ep.firstSend.MR, sendCharge: ep.firstSend.charge,
 	}
-	devices.Lock()
-	ok := ep.dev.keepsWarm() && len(ep.dev.shells) < maxPooledShells
-	if ok {
-		ep.dev.shells = append(ep.dev.shells, s)
+	if ep.dev.keepShell(s) {
+		ep.firstRing, ep.firstSend = countedMR{}, countedMR{}
+		ep.ring, ep.sendBuf, ep.pd = nil, nil, nil
 	}
-	devices.Unlock()
-	if !ok {
-		return false
-	}
-	ep.firstRing, ep.firstSend = countedMR{}, countedMR{}
-	ep.ring, ep.sendBuf, ep.pd = nil, nil, nil
-	return true
 }
 
 // taintPD marks the endpoint's PD as holding a region that failed to deregister: its
@@ -202,16 +194,22 @@ func (d *device) popShellLocked(key shellKey) (shell, bool) {
 	return shell{}, false
 }
 
+// keepShell pools s if the device keeps warm and its pool has room, and reports
+// whether it did.
+func (d *device) keepShell(s shell) bool {
+	devices.Lock()
+	defer devices.Unlock()
+	if !d.keepsWarm() || len(d.shells) >= maxPooledShells {
+		return false
+	}
+	d.shells = append(d.shells, s)
+	return true
+}
+
 // putShell gives back a shell takeShell took but could not use, or closes it if the
 // pool cannot take it now.
 func (d *device) putShell(s shell) {
-	devices.Lock()
-	ok := d.keepsWarm() && len(d.shells) < maxPooledShells
-	if ok {
-		d.shells = append(d.shells, s)
-	}
-	devices.Unlock()
-	if !ok {
+	if !d.keepShell(s) {
 		_ = s.close() // nobody is left to be told; the connection fails for its budget
 	}
 }

@@ -301,7 +301,7 @@ func (c *Conn) awaitDirect() error {
 			continue
 		}
 		c.writeParked = true
-		c.makeWritableLocked()
+		parkChan(&c.writable)
 		c.mu.Unlock()
 		<-c.writable // completions, failure and teardown all signal it
 	}
