@@ -89,9 +89,14 @@
 // accepted or reads, and expect a kernel's worth of buffering. So when its application
 // is not reading, the engine moves buffered bytes out of the ring into memory of its
 // own (unpinned, growing up to a limit) and calls Consume for them: [Endpoint.Spillable]
-// says how many, which is everything buffered, up to the room left, once half the ring
-// or more is buffered. The application later reads the spilled bytes before those
-// still in the ring, which are newer.
+// says how many, which is everything buffered, up to the room left, once the peer holds
+// no ring credit ([Endpoint.PeerRingCredit] is zero: it may be blocked) and half the
+// ring or more is buffered. The application later reads the spilled bytes before those
+// still in the ring, which are newer. A spill is a copy the application's read would
+// not need, so it waits until a writer may be blocked: while the peer holds ring credit
+// it is not blocked on ring space, and its next arrival asks again. (Spilling from half
+// a ring, whatever the peer held, copied a tenth to half of a stream's bytes once more
+// on a 4 MiB ring, its reader reading all the while.)
 //
 // Spilling is local to the receiver, and the credit protocol does not change: no new
 // message, no new rule, nothing the peer can see but credit arriving sooner. To the
@@ -108,14 +113,11 @@
 // eighths owed, with neither a spill nor an update due.
 //
 // The engine asks Spillable after every data arrival and after every read ends, while
-// no read is in progress; those are the only events that can make it non-zero, so a
-// spill that is due always happens. At the end of a read it may ask only when
-// [Endpoint.PeerRingCredit] is zero: while the peer holds ring credit, it is not blocked
-// on ring space, and its next arrival asks again, so an application that keeps reading
-// does not have its bytes copied out of the ring and back whenever it read less than
-// was buffered. When it is zero, the engine first gives back what the reads consumed
-// with [Endpoint.CreditNow], an update sent early, once that is an eighth of the ring;
-// the peer's next arrival then asks again. Only when less is owed (or no WQE credit is
+// no read is in progress; those are the only events that can make it non-zero (credit
+// runs out only at an arrival), so a spill that is due always happens. At the end of a
+// read, when [Endpoint.PeerRingCredit] is zero, the engine first gives back what the
+// reads consumed with [Endpoint.CreditNow], an update sent early, once that is an eighth
+// of the ring or [CreditNowMin]; the peer's next arrival then asks again. Only when less is owed (or no WQE credit is
 // to spare) does the end of the read spill. The model tests check it with receivers that never
 // read and receivers that read a little and stop: the writer gets as far as the rule
 // says, and spilled bytes reach the application exactly once and in order.

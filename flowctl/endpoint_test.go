@@ -328,37 +328,41 @@ func fuzzOps(ops ...fuzzOp) []byte {
 	return b
 }
 
-// TestSpillable: the engine spills from half a ring buffered, up to its room, never
-// after the FIN; spilled bytes are consumed like read ones, so their credit goes back
-// and the writer goes on although nobody reads.
+// TestSpillable: the engine spills from half a ring buffered, up to its room, once the
+// peer holds no ring credit, never after the FIN; spilled bytes are consumed like read
+// ones, so their credit goes back and the writer goes on although nobody reads.
 func TestSpillable(t *testing.T) {
 	const ring = MinRingSize
 	p := Params{RingSize: ring, RecvWQEs: 64}
 	tests := []struct {
 		name     string
-		buffered int  // bytes delivered and not consumed
+		arrived  int  // bytes delivered
+		consumed int  // of them, read (their credit not handed out)
 		fin      bool // the peer's FIN follows them
 		room     int
 		want     int
 	}{
-		{"nothing buffered", 0, false, 1 << 20, 0},
-		{"below half the ring", ring/2 - 1, false, 1 << 20, 0},
-		{"half the ring", ring / 2, false, 1 << 20, ring / 2},
-		{"a full ring", ring, false, 1 << 20, ring},
-		{"room for part", ring, false, 100, 100},
-		{"no room", ring, false, 0, 0},
-		{"negative room", ring, false, -5, 0},
-		{"after the FIN", ring, true, 1 << 20, 0},
+		{"nothing buffered", 0, 0, false, 1 << 20, 0},
+		{"half the ring, the peer holds credit", ring / 2, 0, false, 1 << 20, 0},
+		{"all but a byte, the peer holds credit", ring - 1, 0, false, 1 << 20, 0},
+		{"below half the ring, the peer without credit", ring, ring/2 + 1, false, 1 << 20, 0},
+		{"half the ring, the peer without credit", ring, ring / 2, false, 1 << 20, ring / 2},
+		{"a full ring", ring, 0, false, 1 << 20, ring},
+		{"room for part", ring, 0, false, 100, 100},
+		{"no room", ring, 0, false, 0, 0},
+		{"negative room", ring, 0, false, -5, 0},
+		{"after the FIN", ring, 0, true, 1 << 20, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			a := newTestEndpoint(t, p, p)
 			b := newTestEndpoint(t, p, p)
-			if tt.buffered > 0 {
-				r, err := a.ReserveData(tt.buffered)
+			if tt.arrived > 0 {
+				r, err := a.ReserveData(tt.arrived)
 				require.NoError(t, err)
 				deliver(t, b, r.Msgs[:r.Count]...)
 			}
+			require.NoError(t, b.Consume(tt.consumed))
 			if tt.fin {
 				a.CloseWrite()
 				m, ok := a.NextControl()
@@ -366,7 +370,8 @@ func TestSpillable(t *testing.T) {
 				deliver(t, b, m)
 			}
 			if got := b.Spillable(tt.room); got != tt.want {
-				t.Errorf("Spillable(%d) with %d of %d bytes buffered, FIN %v = %d, want %d", tt.room, tt.buffered, ring, tt.fin, got, tt.want)
+				t.Errorf("Spillable(%d) with %d of %d bytes arrived, %d consumed, FIN %v = %d, want %d",
+					tt.room, tt.arrived, ring, tt.consumed, tt.fin, got, tt.want)
 			}
 		})
 	}
@@ -439,28 +444,31 @@ func TestPeerRingCredit(t *testing.T) {
 }
 
 // TestCreditNow: an early credit update carries the ring credit owed once an eighth of
-// the ring (and at least a unit) is consumed, below the threshold of a standalone
-// update (half); there is none with less owed, nor with the WQE credit down to the
-// reserve, which only the rules of the package docs may spend.
+// the ring, or CreditNowMin on a large ring, (and at least a unit) is consumed, below
+// the threshold of a standalone update (half); there is none with less owed, nor with
+// the WQE credit down to the reserve, which only the rules of the package docs may spend.
 func TestCreditNow(t *testing.T) {
-	const ring = 64 << 10
-	p := Params{RingSize: ring, RecvWQEs: 64}
-	unit := RingUnit(ring)
 	tests := []struct {
 		name       string
+		ring       int
 		consume    int
 		exhaustWQE bool // b has used its WQE credit down to the reserve
 		want       bool
 	}{
-		{"nothing consumed", 0, false, false},
-		{"a unit", unit, false, false},
-		{"just below an eighth", ring/8 - unit, false, false},
-		{"an eighth", ring / 8, false, true},
-		{"a quarter", ring / 4, false, true},
-		{"no WQE credit to spare", ring / 4, true, false},
+		{"nothing consumed", 64 << 10, 0, false, false},
+		{"a unit", 64 << 10, 1, false, false},
+		{"just below an eighth", 64 << 10, 8<<10 - 1, false, false},
+		{"an eighth", 64 << 10, 8 << 10, false, true},
+		{"a quarter", 64 << 10, 16 << 10, false, true},
+		{"no WQE credit to spare", 64 << 10, 16 << 10, true, false},
+		{"large ring: just below CreditNowMin", 4 << 20, CreditNowMin - RingUnit(4<<20), false, false},
+		{"large ring: CreditNowMin, far below an eighth", 4 << 20, CreditNowMin, false, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			ring := tt.ring
+			p := Params{RingSize: ring, RecvWQEs: 64}
+			unit := RingUnit(ring)
 			a := newTestEndpoint(t, p, p)
 			b := newTestEndpoint(t, p, p)
 			r, err := a.ReserveData(ring / 2)

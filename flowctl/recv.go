@@ -139,17 +139,18 @@ func (e *Endpoint) Consume(n int) error {
 
 // Spillable is how many buffered bytes the engine should move out of the ring now, into
 // memory of its own with room bytes free, when the application is not reading: all of
-// them, up to room, once half the ring or more is buffered; none before that, nor after
-// the peer's FIN (no more data will come, so freeing ring space frees no writer). The
-// engine copies them out of the ring (Unread names them) and calls Consume: to the
-// protocol they are consumed, so their ring credit goes back to the peer and the writer
-// keeps going although nobody reads. See the package docs, "Spilling".
+// them, up to room, once the peer holds no ring credit (see [Endpoint.PeerRingCredit])
+// and half the ring or more is buffered; none before that, nor after the peer's FIN (no
+// more data will come, so freeing ring space frees no writer). The engine copies them
+// out of the ring (Unread names them) and calls Consume: to the protocol they are
+// consumed, so their ring credit goes back to the peer and the writer keeps going
+// although nobody reads. See the package docs, "Spilling".
 //
 // The engine must ask after every event that can make the answer non-zero while its
 // application is not reading: a data arrival, and the end of every read.
 func (e *Endpoint) Spillable(room int) int {
 	b := e.arrived - e.consumed
-	if e.err != nil || e.peerFIN || room <= 0 || b == 0 || b < e.pol.spillAt {
+	if e.err != nil || e.peerFIN || room <= 0 || b == 0 || b < e.pol.spillAt || e.PeerRingCredit() > 0 {
 		return 0
 	}
 	return int(min(b, uint64(room)))

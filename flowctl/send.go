@@ -153,16 +153,22 @@ func (e *Endpoint) Keepalive() (Msg, bool) {
 // is zero) while the application reads: the bytes it consumed go back at once, not once
 // half the ring has been. Like Keepalive, it never takes the reserved WQE credit, so the
 // credit argument of the package docs is unchanged: it is an update sent early. It
-// returns false when less than an eighth of the ring is owed (a quarter of a standalone
-// update's threshold: a reader of small pieces would otherwise send an update per
-// piece, doubling the messages of a stream) or the WQE credit is down to the reserve;
-// the engine then spills instead (see "Spilling").
+// returns false when less than an eighth of the ring, or less than [CreditNowMin], is
+// owed (a reader of small pieces would otherwise send an update per piece, doubling the
+// messages of a stream) or the WQE credit is down to the reserve; the engine then spills
+// instead (see "Spilling").
 func (e *Endpoint) CreditNow() (Msg, bool) {
-	if e.err != nil || e.returnable() == 0 || e.returnable() < e.pol.ringUpdate/4 || e.credit() <= e.pol.reserve {
+	if e.err != nil || e.returnable() == 0 || e.returnable() < min(e.pol.ringUpdate/4, CreditNowMin) || e.credit() <= e.pol.reserve {
 		return Msg{}, false
 	}
 	return e.control(KindCredit), true
 }
+
+// CreditNowMin caps the ring credit an early update ([Endpoint.CreditNow]) waits for at
+// 16 KiB: on a large ring an eighth is megabytes, and a reader that stops short of it
+// while its peer is blocked would have the whole buffered ring spilled, a copy of every
+// byte it then reads, where one message would have freed the writer.
+const CreditNowMin = 16 << 10
 
 // controlCredit reports whether a control message may be sent now. It may use the
 // reserve, but the very last WQE credit only if the message returns WQE credit too. That

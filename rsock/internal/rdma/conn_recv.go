@@ -227,7 +227,7 @@ func (c *Conn) consume(fromSpill, fromRing int, done bool) {
 		return
 	}
 	// At the end of a read, a peer that still holds ring credit sends again, and that
-	// arrival spills if nobody reads by then: the bytes stay in the ring for a reader
+	// arrival asks again (flowctl's Spillable): the bytes stay in the ring for a reader
 	// that keeps reading. A peer without credit may be blocked: give back what was
 	// consumed at once (an early credit update), and spill only when there is nothing
 	// to give back, so that a writer goes on although nobody reads any more.

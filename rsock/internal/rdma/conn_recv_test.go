@@ -368,7 +368,8 @@ func TestRecvCompletions(t *testing.T) {
 
 // TestRecvReturnsCredit: the receive path gives credit back as flowctl's thresholds
 // say: a standalone update once half the receive WQEs were consumed (each re-posted),
-// and once half the ring was read or, with nobody reading, spilled; not for less.
+// and once half the ring was read or, with nobody reading and the peer out of ring
+// credit, spilled; not for less.
 func TestRecvReturnsCredit(t *testing.T) {
 	keepalives := func(n int) []fed {
 		fs := make([]fed, n)
@@ -390,7 +391,8 @@ func TestRecvReturnsCredit(t *testing.T) {
 		{name: "one WQE short of half", feed: keepalives(fakeWQEs/2 - 1)},
 		{name: "half the WQEs", feed: keepalives(fakeWQEs / 2), wantWQE: fakeWQEs / 2},
 		{name: "a quarter of the ring read", feed: data(fakeRing / 4), read: true},
-		{name: "half the ring, nobody reads", feed: data(fakeRing / 2), wantWQE: 1, wantRing: true, wantSpilled: true},
+		{name: "half the ring, nobody reads, the peer holds credit", feed: data(fakeRing / 2)},
+		{name: "the whole ring, nobody reads", feed: data(fakeRing), wantWQE: 1, wantRing: true, wantSpilled: true},
 		{name: "half the ring during a Read, unread", feed: data(fakeRing / 2), reading: true},
 		{name: "half the ring during a Read, read", feed: data(fakeRing / 2), reading: true, read: true,
 			wantWQE: 1, wantRing: true},
