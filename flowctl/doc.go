@@ -128,7 +128,8 @@
 // for a busy stream wastes its memory on an idle one, and one sized for an idle one
 // throttles a busy stream. So a receiver may replace its ring, by one twice or half the
 // size or any other power of two of the same credit unit (up to 512 KiB, when rings
-// start below it), while the stream runs. Two messages do it:
+// start below it, or up to the size the side fixed its unit by, [Params].UnitRingSize),
+// while the stream runs. Two messages do it:
 //
 //   - The receiver registers the new ring, calls [Endpoint.Resize], and sends a resize
 //     (kind 5): its immediate names the new size (log2, in the ring-credit field), and

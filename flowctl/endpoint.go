@@ -67,6 +67,14 @@ type Params struct {
 	// RecvWQEs is the number of receive WQEs the side pre-posts and keeps posted:
 	// between MinRecvWQEs and MaxRecvWQEs.
 	RecvWQEs int
+	// UnitRingSize, if not zero, fixes the credit unit of every ring the side will
+	// have at RingUnit(UnitRingSize): a power of two from RingSize to MaxRingSize,
+	// normally the largest ring it may grow to. Rings above 512 KiB have units of
+	// more than a byte, and a resize keeps the unit (see [Endpoint.Resize]), so a ring
+	// that is to grow past 512 KiB must start with the unit of its largest size.
+	// Zero means RingSize: the unit of the first ring, which every ring up to 512 KiB
+	// shares.
+	UnitRingSize int
 }
 
 // Validate reports whether p is in range, wrapping [ErrBadParams] if not.
@@ -80,13 +88,20 @@ func (p Params) validate(side string) error {
 	if p.RecvWQEs < MinRecvWQEs || p.RecvWQEs > MaxRecvWQEs {
 		return fmt.Errorf("%w: %d %sreceive WQEs, want [%d, %d]", ErrBadParams, p.RecvWQEs, side, MinRecvWQEs, MaxRecvWQEs)
 	}
+	if u := p.UnitRingSize; u != 0 && (u < p.RingSize || u > MaxRingSize || u&(u-1) != 0) {
+		return fmt.Errorf("%w: %sunit ring size %d is not a power of two in [%d, %d]", ErrBadParams, side, u, p.RingSize, MaxRingSize)
+	}
 	return nil
 }
+
+// unitRing is the ring size whose credit unit the side's rings have.
+func (p Params) unitRing() uint64 { return uint64(max(p.RingSize, p.UnitRingSize)) }
 
 // RingUnit is the granularity, in bytes, in which ring credit for a ring of ringSize
 // bytes is returned: 1 up to 512 KiB, and ringSize/2^19 above (2 KiB for a 1 GiB ring).
 // A receiver returns only whole units, so up to RingUnit-1 consumed bytes wait for the
-// next unit to fill before the sender may reuse them.
+// next unit to fill before the sender may reuse them. A side whose Params name a
+// UnitRingSize has RingUnit(UnitRingSize) for every ring instead.
 func RingUnit(ringSize int) int { return 1 << unitShift(uint64(ringSize)) }
 
 func unitShift(ringSize uint64) uint {
@@ -132,6 +147,7 @@ type Endpoint struct {
 	// Send half: cursors into the peer's ring and counts of its receive WQEs.
 	peerRing      uint64 // size of the peer's ring, a power of two
 	peerUnitShift uint   // log2 of the peer ring's credit unit
+	peerUnitRing  uint64 // the peer's Params.UnitRingSize: resizes it announces keep its unit
 	peerWQEs      uint64 // receive WQEs the peer keeps posted
 	prod          uint64 // producer cursor: ring bytes reserved so far
 	granted       uint64 // the peer's consumer cursor as last returned: we may write below granted+peerRing
@@ -146,6 +162,7 @@ type Endpoint struct {
 	// Receive half: cursors into our ring and counts of our receive WQEs.
 	ring        uint64 // size of our ring, a power of two
 	unitShift   uint   // log2 of our ring's credit unit
+	unitRing    uint64 // our Params.UnitRingSize: resizes keep its unit
 	wqes        uint64 // receive WQEs we keep posted
 	arrived     uint64 // bytes that have landed in the ring
 	consumed    uint64 // bytes the application has consumed
@@ -211,11 +228,13 @@ func newEndpoint(local, peer Params) Endpoint {
 	ring, wqes := uint64(local.RingSize), uint64(local.RecvWQEs)
 	return Endpoint{
 		peerRing:      uint64(peer.RingSize),
-		peerUnitShift: unitShift(uint64(peer.RingSize)),
+		peerUnitShift: unitShift(peer.unitRing()),
+		peerUnitRing:  uint64(peer.UnitRingSize),
 		peerWQEs:      uint64(peer.RecvWQEs),
 		wqeLimit:      uint64(peer.RecvWQEs),
 		ring:          ring,
-		unitShift:     unitShift(ring),
+		unitShift:     unitShift(local.unitRing()),
+		unitRing:      uint64(local.UnitRingSize),
 		wqes:          wqes,
 		pol: policy{
 			reserve:    ReservedCredits,

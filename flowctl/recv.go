@@ -55,7 +55,7 @@ func (e *Endpoint) OnArrival(byteLen, imm uint32) (Arrival, error) {
 		switch {
 		case e.switchDue:
 			return e.fail(fmt.Errorf("%w: a second resize before the switch", ErrBadResize))
-		case size < e.pol.minRing || size == e.peerRing || unitShift(size) != e.peerUnitShift:
+		case size < e.pol.minRing || size == e.peerRing || unitShift(max(size, e.peerUnitRing)) != e.peerUnitShift:
 			return e.fail(fmt.Errorf("%w: from %d to %d bytes", ErrBadResize, e.peerRing, size))
 		}
 	case KindSwitch:

@@ -14,7 +14,8 @@ import "fmt"
 // only then may the engine free it.
 //
 // size must be a power of two of the same credit unit as the current ring (see
-// [RingUnit]): up to 512 KiB for rings that start below it. Resize fails with
+// [RingUnit]): up to 512 KiB for rings that start below it, up to the UnitRingSize
+// of the side's Params when it named one. Resize fails with
 // [ErrBadParams] for a size out of range, and with [ErrResizeBusy] while a resize is
 // under way (requested, announced, or the old ring still holding bytes) or after the
 // peer's FIN, when no more data will come.
@@ -24,7 +25,7 @@ func (e *Endpoint) Resize(size int) error {
 		return err
 	}
 	switch {
-	case size <= 0 || s < e.pol.minRing || s > MaxRingSize || s&(s-1) != 0 || s == e.ring || unitShift(s) != e.unitShift:
+	case size <= 0 || s < e.pol.minRing || s > MaxRingSize || s&(s-1) != 0 || s == e.ring || unitShift(max(s, e.unitRing)) != e.unitShift:
 		return fmt.Errorf("%w: resize from %d to %d bytes, want another power of two of credit unit %d", ErrBadParams, e.ring, size, RingUnit(int(e.ring)))
 	}
 	e.resizeTo = s

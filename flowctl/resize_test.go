@@ -9,7 +9,8 @@ import (
 // TestResizeRejects covers the sizes and states in which Resize refuses.
 func TestResizeRejects(t *testing.T) {
 	p := Params{RingSize: 16 << 10, RecvWQEs: 64}
-	big := Params{RingSize: 1 << 20, RecvWQEs: 64} // 2-byte ring unit
+	big := Params{RingSize: 1 << 20, RecvWQEs: 64}                           // 2-byte ring unit
+	fixed := Params{RingSize: 16 << 10, RecvWQEs: 64, UnitRingSize: 4 << 20} // 8-byte unit
 	tests := []struct {
 		name  string
 		local Params
@@ -28,6 +29,11 @@ func TestResizeRejects(t *testing.T) {
 		// Above 512 KiB every size has a unit of its own.
 		{"above 512 KiB, larger", big, nil, 2 << 20, ErrBadParams},
 		{"above 512 KiB, smaller", big, nil, 512 << 10, ErrBadParams},
+		// A unit fixed at setup is every ring's up to the size that fixed it.
+		{"fixed unit: to the size that fixed it", fixed, nil, 4 << 20, nil},
+		{"fixed unit: past 512 KiB", fixed, nil, 1 << 20, nil},
+		{"fixed unit: within 512 KiB", fixed, nil, 64 << 10, nil},
+		{"fixed unit: above the size that fixed it", fixed, nil, 8 << 20, ErrBadParams},
 		{"while one is asked for", p, func(e *Endpoint) { require.NoError(t, e.Resize(32<<10)) }, 64 << 10, ErrResizeBusy},
 		{"while one is announced", p, func(e *Endpoint) {
 			require.NoError(t, e.Resize(32<<10))
@@ -100,10 +106,16 @@ type resizePair struct {
 }
 
 func newResizePair(t *testing.T, ring int) *resizePair {
-	p := Params{RingSize: ring, RecvWQEs: 64}
-	w, err := NewEndpoint(p, p)
+	return newResizePairOf(t, Params{RingSize: ring, RecvWQEs: 64})
+}
+
+// newResizePairOf is newResizePair with the receiver's Params rp (the writer's ring is
+// of the same size, its unit its own).
+func newResizePairOf(t *testing.T, rp Params) *resizePair {
+	wp := Params{RingSize: rp.RingSize, RecvWQEs: rp.RecvWQEs}
+	w, err := NewEndpoint(wp, rp)
 	require.NoError(t, err)
-	r, err := NewEndpoint(p, p)
+	r, err := NewEndpoint(rp, wp)
 	require.NoError(t, err)
 	return &resizePair{t: t, w: w, r: r}
 }
@@ -192,6 +204,47 @@ func TestResizeGrowAndShrink(t *testing.T) {
 	require.NoError(t, p.r.Consume(small-100))
 	p.controls()
 	require.Equal(t, []Piece{{Off: 0, Len: 100}}, p.write(100), "the shrunk ring wraps at its own size")
+}
+
+// TestResizeFixedUnit: a receiver that fixed its credit unit at setup (8 bytes, the
+// unit of 4 MiB) grows from 8 KiB past 512 KiB to 4 MiB, a writer that knows the unit
+// follows every resize, and credit comes back in that unit at every size, small rings
+// included. Without the unit fixed, the writer refuses the resize past 512 KiB.
+func TestResizeFixedUnit(t *testing.T) {
+	const unit = 8
+	p := newResizePairOf(t, Params{RingSize: 8 << 10, RecvWQEs: 64, UnitRingSize: 4 << 20})
+	require.Equal(t, []Piece{{Off: 0, Len: 3}}, p.write(3))
+	require.NoError(t, p.r.Consume(3))
+	_, ok := p.r.CreditNow()
+	require.False(t, ok, "3 bytes are less than the 8-byte unit")
+	require.Equal(t, []Piece{{Off: 3, Len: 5}}, p.write(5))
+	require.NoError(t, p.r.Consume(5))
+	require.Equal(t, 8<<10-unit, p.w.Writable(), "the last 8 bytes not returned yet")
+
+	for _, size := range []int{32 << 10, 128 << 10, 512 << 10, 2 << 20, 4 << 20} {
+		require.NoError(t, p.r.Resize(size), "resize to %d", size)
+		fromR, fromW := p.controls()
+		require.Equal(t, []Kind{KindResize}, fromR, "resize to %d", size)
+		require.Equal(t, []Kind{KindSwitch}, fromW, "resize to %d", size)
+		require.Equal(t, size, p.w.PeerRingSize())
+		// Fill the new ring and read it all: the writer gets all of it back.
+		for left := size - (p.r.Held()); left > 0; {
+			n := min(left, 1<<20)
+			p.write(n)
+			require.NoError(t, p.r.Consume(n))
+			left -= n
+		}
+		p.controls()
+		require.Zero(t, p.r.Held()%unit, "credit returned in whole units")
+	}
+	require.ErrorIs(t, p.r.Resize(8<<20), ErrBadParams, "8 MiB has a unit of 16 bytes")
+
+	// A writer that does not know the unit (the peer's Params name none) takes the
+	// receiver's ring for 1-byte units and refuses a resize past 512 KiB.
+	w, err := NewEndpoint(Params{RingSize: 8 << 10, RecvWQEs: 64}, Params{RingSize: 8 << 10, RecvWQEs: 64})
+	require.NoError(t, err)
+	_, err = w.OnArrival(ResizeLen, Imm{Kind: KindResize, RingLog2: 21}.pack())
+	require.ErrorIs(t, err, ErrBadResize)
 }
 
 // TestResizeSwitchWaitsForCredit: a writer without data credit answers a resize only

@@ -206,18 +206,25 @@ func TestParamsValidate(t *testing.T) {
 		p  Params
 		ok bool
 	}{
-		{Params{MinRingSize, MinRecvWQEs}, true},
-		{Params{MaxRingSize, MaxRecvWQEs}, true},
-		{Params{128 << 10, 256}, true},
-		{Params{MinRingSize / 2, 64}, false},
-		{Params{MaxRingSize * 2, 64}, false},
-		{Params{MinRingSize + 1, 64}, false},
-		{Params{3 * MinRingSize, 64}, false},
-		{Params{0, 64}, false},
-		{Params{-MinRingSize, 64}, false},
-		{Params{MinRingSize, MinRecvWQEs - 1}, false},
-		{Params{MinRingSize, MaxRecvWQEs + 1}, false},
-		{Params{MinRingSize, -1}, false},
+		{Params{RingSize: MinRingSize, RecvWQEs: MinRecvWQEs}, true},
+		{Params{RingSize: MaxRingSize, RecvWQEs: MaxRecvWQEs}, true},
+		{Params{RingSize: 128 << 10, RecvWQEs: 256}, true},
+		{Params{RingSize: MinRingSize / 2, RecvWQEs: 64}, false},
+		{Params{RingSize: MaxRingSize * 2, RecvWQEs: 64}, false},
+		{Params{RingSize: MinRingSize + 1, RecvWQEs: 64}, false},
+		{Params{RingSize: 3 * MinRingSize, RecvWQEs: 64}, false},
+		{Params{RingSize: 0, RecvWQEs: 64}, false},
+		{Params{RingSize: -MinRingSize, RecvWQEs: 64}, false},
+		{Params{RingSize: MinRingSize, RecvWQEs: MinRecvWQEs - 1}, false},
+		{Params{RingSize: MinRingSize, RecvWQEs: MaxRecvWQEs + 1}, false},
+		{Params{RingSize: MinRingSize, RecvWQEs: -1}, false},
+		{Params{RingSize: MinRingSize, RecvWQEs: 64, UnitRingSize: 4 << 20}, true},
+		{Params{RingSize: 1 << 20, RecvWQEs: 64, UnitRingSize: 1 << 20}, true},
+		{Params{RingSize: MinRingSize, RecvWQEs: 64, UnitRingSize: MaxRingSize}, true},
+		{Params{RingSize: 1 << 20, RecvWQEs: 64, UnitRingSize: 512 << 10}, false},
+		{Params{RingSize: MinRingSize, RecvWQEs: 64, UnitRingSize: 3 << 20}, false},
+		{Params{RingSize: MinRingSize, RecvWQEs: 64, UnitRingSize: 2 * MaxRingSize}, false},
+		{Params{RingSize: MinRingSize, RecvWQEs: 64, UnitRingSize: -1}, false},
 	}
 	for _, tt := range tests {
 		err := tt.p.Validate()

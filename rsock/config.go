@@ -160,18 +160,20 @@ type Config struct {
 	// when it grows (GrowRingTo), else its size. Default 8 KiB.
 	RingSize int
 	// GrowRingTo lets each connection's ring start at RingSize and grow, by factors of
-	// four, up to GrowRingTo (a power of two of at most 512 KiB) while a stream keeps
-	// it busy, and shrink back when the connection idles; the send staging buffer
+	// four, up to GrowRingTo (a power of two of at most 1 GiB) while a stream keeps it
+	// busy, and shrink back when the connection idles; the send staging buffer
 	// likewise starts at half the first ring and grows up to SendBufferSize (by default
-	// half of GrowRingTo). Default 512 KiB, so an idle connection holds little (about
+	// half of GrowRingTo, at most 256 KiB). Default 4 MiB, about as far as Linux's TCP
+	// autotuning grows a receive buffer, so an idle connection holds little (about
 	// 58 KiB per end in all, 12 KiB of it registered) and a busy stream has the ring it
-	// needs. Negative, or equal to
-	// RingSize, keeps a fixed ring of RingSize and a staging buffer of SendBufferSize
-	// (a RingSize of 128 KiB or more without GrowRingTo is fixed too).
+	// needs. Toward a peer running an rsock from before rings grew past 512 KiB, they
+	// grow to 512 KiB at most. Negative, or equal to RingSize, keeps a fixed ring of
+	// RingSize and a staging buffer of SendBufferSize (a RingSize of 128 KiB or more
+	// without GrowRingTo is fixed too).
 	GrowRingTo int
 	// SendBufferSize is the size in bytes of each connection's registered send staging
-	// buffer, 1 KiB to 1 GiB: by default half of GrowRingTo for a ring that grows, else
-	// 64 KiB.
+	// buffer, 1 KiB to 1 GiB: by default half of GrowRingTo, at most 256 KiB, for a
+	// ring that grows, else 64 KiB.
 	SendBufferSize int
 	// RecvWQEs is the number of receive work requests each connection keeps posted,
 	// 8 to 32768; it is the peer's initial work-request credit. Default 64.

@@ -16,7 +16,6 @@ import (
 const (
 	minSendBuffer = 1 << 10
 	maxSendBuffer = 1 << 30
-	maxGrownRing  = 512 << 10
 )
 
 // check reports the first field of the resolved Config r that is out of its range, as
@@ -43,11 +42,11 @@ func (r *Config) check() error {
 	case r.RingSize != 0 && (!pow2(r.RingSize) || r.RingSize < flowctl.MinRingSize || r.RingSize > flowctl.MaxRingSize):
 		return bad("RingSize", r.RingSize, fmt.Sprintf("a power of two from %d (4 KiB) to %d (1 GiB), or 0 for the default, %d",
 			flowctl.MinRingSize, flowctl.MaxRingSize, rdma.DefaultRingSize))
-	case r.GrowRingTo > 0 && (!pow2(r.GrowRingTo) || r.GrowRingTo < ring || r.GrowRingTo > maxGrownRing):
-		return bad("GrowRingTo", r.GrowRingTo, fmt.Sprintf("a power of two from RingSize (%d) to %d (512 KiB), 0 for the default, %d, or negative for a fixed ring",
-			ring, maxGrownRing, rdma.DefaultGrowRingTo))
+	case r.GrowRingTo > 0 && (!pow2(r.GrowRingTo) || r.GrowRingTo < ring || r.GrowRingTo > flowctl.MaxRingSize):
+		return bad("GrowRingTo", r.GrowRingTo, fmt.Sprintf("a power of two from RingSize (%d) to %d (1 GiB), 0 for the default, %d, or negative for a fixed ring",
+			ring, flowctl.MaxRingSize, rdma.DefaultGrowRingTo))
 	case r.SendBufferSize != 0 && (r.SendBufferSize < minSendBuffer || r.SendBufferSize > maxSendBuffer):
-		return bad("SendBufferSize", r.SendBufferSize, fmt.Sprintf("%d (1 KiB) to %d (1 GiB), or 0 for the default (half of GrowRingTo, or %d for a fixed ring)",
+		return bad("SendBufferSize", r.SendBufferSize, fmt.Sprintf("%d (1 KiB) to %d (1 GiB), or 0 for the default (half of GrowRingTo up to 256 KiB, or %d for a fixed ring)",
 			minSendBuffer, maxSendBuffer, rdma.DefaultSendBufferSize))
 	case r.RecvWQEs != 0 && (r.RecvWQEs < rdma.MinRecvWQEs || r.RecvWQEs > flowctl.MaxRecvWQEs):
 		return bad("RecvWQEs", r.RecvWQEs, fmt.Sprintf("%d to %d, or 0 for the default, %d",

@@ -56,18 +56,19 @@ var configCases = []struct {
 		}},
 	{field: "GrowRingTo",
 		bad: []badConfig{
-			{func(c *Config) { c.RingSize, c.GrowRingTo = 8<<10, 1<<20 }, "GrowRingTo is 1048576, want a power of two from RingSize (8192) to 524288 (512 KiB)"},
+			{func(c *Config) { c.RingSize, c.GrowRingTo = 8<<10, 2<<30 }, "GrowRingTo is 2147483648, want a power of two from RingSize (8192) to 1073741824 (1 GiB)"},
 			{func(c *Config) { c.RingSize, c.GrowRingTo = 64<<10, 32<<10 }, "GrowRingTo is 32768, want a power of two from RingSize (65536)"},
 			{func(c *Config) { c.GrowRingTo = 4 << 10 }, "GrowRingTo is 4096, want a power of two from RingSize (8192)"},
 			{func(c *Config) { c.RingSize, c.GrowRingTo = 8<<10, 100<<10 }, "GrowRingTo is 102400"},
 		},
 		good: []func(*Config){
 			func(c *Config) { c.GrowRingTo = 512 << 10 },
+			func(c *Config) { c.GrowRingTo = 64 << 20 },
 			func(c *Config) { c.GrowRingTo = -1 },
 		}},
 	{field: "SendBufferSize",
 		bad: []badConfig{
-			{func(c *Config) { c.SendBufferSize = 7 }, "SendBufferSize is 7, want 1024 (1 KiB) to 1073741824 (1 GiB), or 0 for the default (half of GrowRingTo, or 65536 for a fixed ring)"},
+			{func(c *Config) { c.SendBufferSize = 7 }, "SendBufferSize is 7, want 1024 (1 KiB) to 1073741824 (1 GiB), or 0 for the default (half of GrowRingTo up to 256 KiB, or 65536 for a fixed ring)"},
 			{func(c *Config) { c.SendBufferSize = -1 }, "SendBufferSize is -1, want 1024"},
 			{func(c *Config) { c.SendBufferSize = 1<<30 + 1 }, "SendBufferSize is 1073741825, want 1024"},
 		},

@@ -80,6 +80,21 @@ import (
 // The ring is 1<<(Ring Log2) bytes, from 4 KiB (12) to 1 GiB (30). QPN is non-zero;
 // QPN and PSN are 24-bit numbers whose top byte is zero. Receive WQEs is at least 1.
 //
+// One byte may follow the endpoint, appended within version 2:
+//
+//	+---------------+
+//	|Unit Ring Log2 |
+//	+---------------+
+//
+// It is log2 of the ring size whose ring-credit unit every ring of the sender has
+// (flowctl's Params.UnitRingSize: the largest ring it may grow to), from Ring Log2 to
+// 30. Rings above 512 KiB have units of more than a byte, and a ring keeps its unit
+// when it is resized, so a ring that is to grow past 512 KiB takes the unit of its
+// largest size from the start, which its peer must know. A side uses it only when the
+// peer's hello carries the byte too, so that the peer understands it: toward a peer
+// whose hello ends with the endpoint (from before the byte), each ring's unit is
+// that of its size, and rings grow to 512 KiB at most.
+//
 // The ring's address and rkey are not in the hello (version 1 carried them): they
 // travel only in the proof, over the new queue pairs, once the peer has shown it holds
 // this connection's nonces (see upgrade.go). A party that sees or replays the bootstrap
@@ -113,6 +128,7 @@ const (
 	helloMaxBody    = helloMaxLen - helloHeaderLen
 	helloCapsLen    = 4
 	rdmaEndpointLen = 52
+	unitRingLen     = 1 // the optional byte after the endpoint
 	nonceLen        = 16
 	minRingLog2     = 12
 	maxRingLog2     = 30
@@ -163,6 +179,9 @@ type rdmaEndpoint struct {
 	RecvWQEs  uint32    // receive WQEs kept posted: the peer's initial WQE credits
 	MaxInline uint32
 	Nonce     nonce
+	// UnitRingSize is the ring whose credit unit every ring of the sender has, a
+	// power of two of at least RingSize; zero when the hello did not carry it.
+	UnitRingSize uint32
 }
 
 // hello is one decoded hello message.
@@ -224,6 +243,9 @@ func (e *rdmaEndpoint) appendTo(b []byte) []byte {
 	b = binary.BigEndian.AppendUint32(b, e.RecvWQEs)
 	b = binary.BigEndian.AppendUint32(b, e.MaxInline)
 	b = append(b, e.Nonce[:]...)
+	if e.UnitRingSize != 0 {
+		b = append(b, byte(bits.TrailingZeros32(e.UnitRingSize)))
+	}
 	return b
 }
 
@@ -288,6 +310,9 @@ func decodeHello(b []byte) (hello, int, error) {
 		if h.rdma, err = decodeRDMAEndpoint(body[helloCapsLen:]); err != nil {
 			return hello{}, 0, err
 		}
+		if err = h.rdma.decodeUnitRing(body[helloCapsLen+rdmaEndpointLen:]); err != nil {
+			return hello{}, 0, err
+		}
 	case helloDecline:
 		if len(body) < 1 {
 			return hello{}, 0, fmt.Errorf("%w: decline without a reason", ErrBadHello)
@@ -328,6 +353,20 @@ func decodeRDMAEndpoint(b []byte) (rdmaEndpoint, error) {
 	}
 	e.RingSize = 1 << ringLog2
 	return e, nil
+}
+
+// decodeUnitRing decodes the optional byte after the endpoint from rest, what follows
+// the endpoint in the body; without it, UnitRingSize stays zero.
+func (e *rdmaEndpoint) decodeUnitRing(rest []byte) error {
+	if len(rest) < unitRingLen {
+		return nil
+	}
+	l := rest[0]
+	if l > maxRingLog2 || uint32(1)<<l < e.RingSize {
+		return fmt.Errorf("%w: unit ring 2^%d is outside 2^%d..2^%d", ErrBadHello, l, bits.TrailingZeros32(e.RingSize), maxRingLog2)
+	}
+	e.UnitRingSize = 1 << l
+	return nil
 }
 
 // helloReader reads one hello from a stream, taking exactly its bytes so that the data

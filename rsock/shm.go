@@ -50,11 +50,11 @@ func (c *Config) sameHostProvider(boot bootConn) verbs.Provider {
 
 // A same-host connection whose Config leaves the ring and staging sizes to the
 // defaults gets a fixed ring of sameHostRingSize and a staging buffer of
-// sameHostSendBuffer, rather than the RDMA defaults (a ring growing from 8 KiB to 512
-// KiB, staging to half that). Shared memory is not pinned, and its pages are taken only
+// sameHostSendBuffer, rather than the RDMA defaults (a ring growing from 8 KiB to
+// 4 MiB, staging to 256 KiB). Shared memory is not pinned, and its pages are taken only
 // as the stream first touches them, so an end that never streams holds little of it;
-// one that did keeps its 3 MiB until it closes (rings of more than 512 KiB cannot
-// grow or shrink: flowctl resizes only within one credit unit). It is charged in full
+// one that did keeps its 3 MiB until it closes (a fixed ring does not shrink when
+// idle). It is charged in full
 // to the registered-memory limits (Config.MaxRegisteredMemory, the Listener's
 // MaxRegisteredMemoryPerRemote, 2 GiB by default: some 680 such ends); a connection the
 // limits refuse it gets the ordinary growing ring instead, still on shared memory

@@ -517,6 +517,7 @@ func endpointOf(o rdma.Offer, n nonce) rdmaEndpoint {
 	return rdmaEndpoint{
 		GID: o.GID, LID: o.LID, MTU: o.MTU, QPN: o.QPN, PSN: o.PSN,
 		RingSize: o.RingSize, RecvWQEs: o.RecvWQEs, MaxInline: o.MaxInline, Nonce: n,
+		UnitRingSize: o.UnitRingSize,
 	}
 }
 
@@ -526,6 +527,7 @@ func offerOf(e rdmaEndpoint) rdma.Offer {
 	return rdma.Offer{
 		GID: e.GID, LID: e.LID, MTU: e.MTU, QPN: e.QPN, PSN: e.PSN,
 		RingSize: e.RingSize, RecvWQEs: e.RecvWQEs, MaxInline: e.MaxInline,
+		UnitRingSize: e.UnitRingSize,
 	}
 }
 

@@ -223,7 +223,7 @@ func TestHelloReplayed(t *testing.T) {
 				h, err := hr.read(raw)
 				require.NoError(t, err)
 				require.Equal(t, helloAccept, h.kind)
-				require.Equal(t, rdmaEndpointLen, len(h.rdma.appendTo(nil)), "the accept carries no ring")
+				require.Equal(t, rdmaEndpointLen+unitRingLen, len(h.rdma.appendTo(nil)), "the accept carries no ring")
 				if tt.confirm != nil {
 					_, err = raw.Write(tt.confirm)
 					require.NoError(t, err)

@@ -147,9 +147,18 @@ type queuePair interface {
 // ErrKeepaliveTimeout. On error the endpoint is still the caller's to Abort; after
 // success it belongs to the Conn.
 func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) (*Conn, error) {
-	fc, err := flowctl.MakeEndpoint(
-		flowctl.Params{RingSize: ep.opts.RingSize, RecvWQEs: ep.opts.RecvWQEs},
-		flowctl.Params{RingSize: int(peer.RingSize), RecvWQEs: int(peer.RecvWQEs)},
+	local := flowctl.Params{RingSize: ep.opts.RingSize, RecvWQEs: ep.opts.RecvWQEs}
+	growTo := 0
+	if ep.opts.grows() {
+		growTo = ep.opts.GrowRingTo
+	}
+	if peer.UnitRingSize != 0 {
+		local.UnitRingSize = ep.opts.unitRing() // as our Offer said
+	} else {
+		growTo = legacyGrowth(ep.opts.RingSize, growTo)
+	}
+	fc, err := flowctl.MakeEndpoint(local,
+		flowctl.Params{RingSize: int(peer.RingSize), RecvWQEs: int(peer.RecvWQEs), UnitRingSize: int(peer.UnitRingSize)},
 	)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadOffer, err)
@@ -189,8 +198,8 @@ func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) 
 		kaPeriod:     keepalive,
 		proofSlot:    ep.ring.Bytes()[ep.opts.RingSize+mailboxProof:][:ProofMaxLen],
 	}
-	if ep.opts.grows() {
-		c.growTo = ep.opts.GrowRingTo
+	if growTo > ep.opts.RingSize {
+		c.growTo = growTo
 	}
 	if err := ep.poller.attach(c.qp.QPN(), c); err != nil {
 		return nil, err
@@ -374,3 +383,14 @@ func (c *Conn) LocalAddr() net.Addr { return c.ctrl.LocalAddr() }
 
 // RemoteAddr returns the bootstrap connection's remote address.
 func (c *Conn) RemoteAddr() net.Addr { return c.ctrl.RemoteAddr() }
+
+// legacyGrowth is how far a ring of first size ring may grow, up to growTo, toward a
+// peer that names no unit ring and so takes every ring's credit unit from its size:
+// rings up to legacyUnitRing share the 1-byte unit, and no larger ring shares its unit
+// with another.
+func legacyGrowth(ring, growTo int) int {
+	if ring >= legacyUnitRing {
+		return 0
+	}
+	return min(growTo, legacyUnitRing)
+}

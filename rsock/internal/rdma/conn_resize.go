@@ -25,9 +25,11 @@ const (
 	mailboxIn    = 0
 	mailboxOut   = 16
 	mailboxProof = 0
-	// maxGrownRing is the largest ring a resize may name: above 512 KiB, ring credit
-	// comes in units of more than a byte, and flowctl resizes only within one unit.
-	maxGrownRing = 512 << 10
+	// legacyUnitRing is the largest ring of a 1-byte credit unit. A peer whose offer
+	// names no unit ring (Offer.UnitRingSize) takes each ring's unit from its size,
+	// and flowctl resizes only within one unit: toward it a ring grows to
+	// legacyUnitRing at most, and one that starts above it does not grow.
+	legacyUnitRing = 512 << 10
 	// growFactor is how much a ring or a staging buffer grows at a time.
 	growFactor = 4
 	// growAfter is how many times a ring's worth of data passes through it before it

@@ -188,6 +188,55 @@ func TestRingGrowsWhileNotRead(t *testing.T) {
 	requireReleased(t, f)
 }
 
+// TestRingGrowsPastLegacyUnit: a ring grows past 512 KiB, where a ring's own credit
+// unit would change, because both offers name the unit ring it keeps (8 bytes, 4 MiB's),
+// and every byte arrives in order. Toward a peer whose offer names none (an rsock from
+// before this), the same ring stops at 512 KiB, the last ring of a 1-byte unit, and the
+// stream is just as whole.
+func TestRingGrowsPastLegacyUnit(t *testing.T) {
+	const growTo = 4 << 20
+	for _, tt := range []struct {
+		name   string
+		legacy bool // the offers name no unit ring
+		want   int
+	}{
+		{"both offers name the unit ring", false, growTo},
+		{"a peer that names none", true, legacyUnitRing},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			f := soft.New(soft.Options{})
+			ca, cb := tcpPair(t)
+			opts := Options{RingSize: 32 << 10, GrowRingTo: growTo}
+			ea, err := Prepare(f, loopback, opts)
+			require.NoError(t, err)
+			eb, err := Prepare(f, loopback, opts)
+			require.NoError(t, err)
+			oa, ob := ea.Offer(), eb.Offer()
+			require.Equal(t, uint32(growTo), oa.UnitRingSize, "our offer names the largest ring")
+			if tt.legacy {
+				oa.UnitRingSize, ob.UnitRingSize = 0, 0
+			}
+			a, err := ea.Connect(ob, ca, 0)
+			require.NoError(t, err)
+			b, err := eb.Connect(oa, cb, 0)
+			require.NoError(t, err)
+			startPair(t, a, b)
+
+			// The ring grows after four rings' worth passes through it: 32 KiB, 128 KiB,
+			// 512 KiB, 2 MiB and 4 MiB take about 11 MiB; the writes go in
+			// chunks that cross ring ends and unit boundaries.
+			sendAll(t, a, b, payload(12<<20, 8), 100<<10, 8)
+			pingPong(t, a, b) // the last resize and its switch are done
+			r := ringOf(b)
+			require.Equal(t, tt.want, r.size, "b's ring")
+			require.NoError(t, r.growErr)
+			require.NoError(t, a.Close())
+			require.NoError(t, b.Close())
+			requireReleased(t, f)
+		})
+	}
+}
+
 // TestRingGrowthOverBudget: a ring that would pass MaxRegisteredMemory is not grown;
 // the connection goes on with the ring it has, and says why.
 func TestRingGrowthOverBudget(t *testing.T) {
@@ -205,7 +254,7 @@ func TestRingGrowthOverBudget(t *testing.T) {
 }
 
 // TestGrowRingToValidated: the largest ring must be a power of two from RingSize to
-// 512 KiB.
+// MaxRingSize.
 func TestGrowRingToValidated(t *testing.T) {
 	tests := []struct {
 		ring, grow int
@@ -217,7 +266,9 @@ func TestGrowRingToValidated(t *testing.T) {
 		{256 << 10, -1, true},
 		{4 << 10, 4 << 10, true},
 		{4 << 10, 512 << 10, true},
-		{4 << 10, 1 << 20, false},
+		{4 << 10, 1 << 20, true},
+		{4 << 10, MaxRingSize, true},
+		{4 << 10, 2 * MaxRingSize, false},
 		{16 << 10, 8 << 10, false},
 		{4 << 10, 48 << 10, false},
 	}
@@ -237,9 +288,9 @@ func TestRingDescRoundTrip(t *testing.T) {
 	require.Equal(t, uint32(64<<10), size)
 }
 
-// TestGrowthDefaults: rings grow by default, from 8 KiB to 512 KiB with 4 KiB of
-// staging to start, growing to half the largest ring unless SendBufferSize says
-// otherwise; a negative GrowRingTo, one equal to RingSize, or a RingSize of 128 KiB or
+// TestGrowthDefaults: rings grow by default, from 8 KiB to 4 MiB with 4 KiB of
+// staging to start, growing to half the largest ring, 256 KiB at most, unless
+// SendBufferSize says otherwise; a negative GrowRingTo, one equal to RingSize, or a RingSize of 128 KiB or
 // more keeps a fixed ring and full staging, 64 KiB by default.
 func TestGrowthDefaults(t *testing.T) {
 	tests := []struct {
@@ -250,14 +301,15 @@ func TestGrowthDefaults(t *testing.T) {
 		firstSendBuffer int
 		sendBuffer      int
 	}{
-		{"defaults", Options{}, 8 << 10, 512 << 10, true, 4 << 10, 256 << 10},
+		{"defaults", Options{}, 8 << 10, 4 << 20, true, 4 << 10, 256 << 10},
 		{"fixed by a negative GrowRingTo", Options{GrowRingTo: -5}, 8 << 10, -1, false, 64 << 10, 64 << 10},
 		{"fixed by GrowRingTo equal to RingSize", Options{RingSize: 16 << 10, GrowRingTo: 16 << 10}, 16 << 10, 16 << 10, false, 64 << 10, 64 << 10},
 		{"fixed by a large RingSize", Options{RingSize: 128 << 10}, 128 << 10, -1, false, 64 << 10, 64 << 10},
-		{"larger first ring grows to the default", Options{RingSize: 32 << 10}, 32 << 10, 512 << 10, true, 16 << 10, 256 << 10},
+		{"larger first ring grows to the default", Options{RingSize: 32 << 10}, 32 << 10, 4 << 20, true, 16 << 10, 256 << 10},
 		{"fixed ring below the default", Options{RingSize: 64 << 10, GrowRingTo: -1}, 64 << 10, -1, false, 64 << 10, 64 << 10},
 		{"smaller growth, staging follows", Options{GrowRingTo: 128 << 10}, 8 << 10, 128 << 10, true, 4 << 10, 64 << 10},
-		{"staging set", Options{SendBufferSize: 32 << 10}, 8 << 10, 512 << 10, true, 4 << 10, 32 << 10},
+		{"staging set", Options{SendBufferSize: 32 << 10}, 8 << 10, 4 << 20, true, 4 << 10, 32 << 10},
+		{"growth to 512 KiB, staging half of it", Options{GrowRingTo: 512 << 10}, 8 << 10, 512 << 10, true, 4 << 10, 256 << 10},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -274,16 +326,16 @@ func TestGrowthDefaults(t *testing.T) {
 }
 
 // TestFixedRingMeetsGrowingRing: an end with a fixed ring (GrowRingTo negative) and one
-// at the defaults (growing) stream both ways at once: the growing end's ring grows,
+// that grows (to 512 KiB) stream both ways at once: the growing end's ring grows,
 // announced through the fixed end's mailbox, which every ring has; the fixed one stays
 // as it is, and every byte arrives in order.
 func TestFixedRingMeetsGrowingRing(t *testing.T) {
-	const size = 2 << 20
+	const size, growTo = 2 << 20, 512 << 10
 	f := soft.New(soft.Options{})
 	ca, cb := tcpPair(t)
 	ea, err := Prepare(f, loopback, Options{RingSize: 16 << 10, GrowRingTo: -1})
 	require.NoError(t, err)
-	eb, err := Prepare(f, loopback, Options{})
+	eb, err := Prepare(f, loopback, Options{GrowRingTo: growTo})
 	require.NoError(t, err)
 	fixed, err := ea.Connect(eb.Offer(), ca, 0)
 	require.NoError(t, err)
@@ -297,7 +349,7 @@ func TestFixedRingMeetsGrowingRing(t *testing.T) {
 	wg.Wait()
 	require.Equal(t, ringState{size: 16 << 10}, ringOf(fixed), "the fixed ring")
 	g := ringOf(growing)
-	require.Equal(t, DefaultGrowRingTo, g.size, "the growing ring")
+	require.Equal(t, growTo, g.size, "the growing ring")
 	require.False(t, g.old, "old ring freed")
 	require.NoError(t, fixed.Close())
 	require.NoError(t, growing.Close())

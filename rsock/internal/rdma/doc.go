@@ -95,7 +95,7 @@
 // connection: they write a whole request before the peer has accepted, write a large
 // response before reading, write their last bytes and close. The registered ring is the
 // NIC's landing zone and is pinned, so it stays small (8 KiB by default, growing to
-// 512 KiB under a stream: "Rings that grow"); alone, it would block such a writer once
+// 4 MiB under a stream: "Rings that grow"); alone, it would block such a writer once
 // it is full, and deadlock some of them.
 //
 // So a Conn also buffers in ordinary, unpinned memory, on the receiving side: when its
@@ -157,10 +157,18 @@
 //     SendBufferSize, when it rather than credit limits a write; the old one stays
 //     until the sends from it complete. It does not shrink.
 //
-// At the defaults (RingSize 8 KiB, GrowRingTo 512 KiB) an idle end holds about 58 KiB
+// At the defaults (RingSize 8 KiB, GrowRingTo 4 MiB) an idle end holds about 58 KiB
 // in all (TestIdleFootprint: 5,000 connections, heap with soft's registered memory, its
 // share of the CQs, goroutine stacks), 12 KiB of it registered, and a stream grows to a
-// 512 KiB ring and 256 KiB of staging (BenchmarkStream). Every ring, fixed or not, is
+// 4 MiB ring and 256 KiB of staging (BenchmarkStream).
+//
+// Rings above 512 KiB return credit in units of more than a byte, and flowctl resizes a
+// ring only within its unit. So every ring of a connection has the unit of the largest
+// it may grow to (8 bytes for 4 MiB), which its offer names (Offer.UnitRingSize, a byte
+// the hello appends to its endpoint), and the peer takes it from there. A peer whose
+// hello lacks that byte predates it and would take each ring's unit from its size:
+// toward it, neither side fixes a unit, and rings grow to 512 KiB at most, the largest
+// that shares the 1-byte unit (legacyGrowth). Every ring, fixed or not, is
 // followed by its mailbox, since any peer may grow: the hello's version rules out peers
 // from before rings grew, so no capability bit is needed.
 //
