@@ -1,6 +1,7 @@
 package benchmarks
 
 import (
+	"encoding/binary"
 	"fmt"
 	"runtime"
 	"slices"
@@ -26,6 +27,11 @@ import (
 //     loaded machine they mostly measure how long the OS keeps a spinning thread off-CPU.
 //   - PingPong64BOneGoroutine: the same exchange driven by one goroutine, which polls each
 //     side in turn: the provider's own round-trip cost, without a cross-core handoff.
+//   - Placed/<size>: the ceiling of read-side placement, which rsock does not do: the
+//     reader, on its own goroutine, advertises its buffer (its address and key, written
+//     with immediate into the writer's ring), and the writer writes its message straight
+//     into that buffer and waits for the next advertisement. One copy per byte, as in
+//     WriteWithImm, but with a socket's two parties and a hand-off each way per message.
 //
 // WriteWithImm is the stream workload on the SoftVerbs transport, run as BenchmarkStream
 // runs it. The ping-pongs build on the workload package's QP pair but keep loops of
@@ -49,6 +55,105 @@ func BenchmarkSoftVerbs(b *testing.B) {
 	}
 	b.Run("PingPong64B", benchSoftPingPong)
 	b.Run("PingPong64BOneGoroutine", benchSoftPingPongOneGoroutine)
+	for _, size := range []int{64 << 10, 1 << 20} {
+		b.Run("Placed/"+workload.SizeName(size), func(b *testing.B) { benchSoftPlaced(b, size) })
+	}
+}
+
+// benchSoftPlaced moves size-byte messages from x's source region into y's ring,
+// which stands for the buffer a Read names, each only once y has advertised it.
+func benchSoftPlaced(b *testing.B, size int) {
+	x, y := newSoftVerbsPair(b, size, max(size, 1<<16))
+	const advertLen = 16 // address and key
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	errs := make(chan error, 1)
+	wg.Go(func() { errs <- svAdvertise(y, x, &stop) })
+
+	wr := []verbs.SendWR{{
+		Opcode: verbs.OpRDMAWriteWithImm, Flags: verbs.SendSignaled,
+		SGL: []verbs.SGE{{Addr: x.Src.Addr(), Length: uint32(size), LKey: x.Src.LKey()}},
+	}}
+	repost := []verbs.RecvWR{{}}
+	var wc [1]verbs.WorkCompletion
+	b.SetBytes(int64(size))
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := svWait(x.RCQ, wc[:], nil); err != nil {
+			b.Fatal("advertisement: ", err)
+		}
+		repost[0].ID = wc[0].WRID
+		if err := x.QP.PostRecv(repost); err != nil {
+			b.Fatal(err)
+		}
+		adv := x.Ring.Bytes()[:advertLen]
+		wr[0].RemoteAddr = binary.LittleEndian.Uint64(adv)
+		wr[0].RKey = binary.LittleEndian.Uint32(adv[8:])
+		if err := x.QP.PostSend(wr); err != nil {
+			b.Fatal(err)
+		}
+		if err := svWait(x.SCQ, wc[:], nil); err != nil {
+			b.Fatal("write: ", err)
+		}
+	}
+	stop.Store(true)
+	wg.Wait()
+	if err := <-errs; err != nil {
+		b.Fatal(err)
+	}
+}
+
+// svAdvertise plays benchSoftPlaced's reader: it advertises e's ring to peer and waits
+// for the message written into it, until stop is set.
+func svAdvertise(e, peer *workload.SoftEndpoint, stop *atomic.Bool) error {
+	binary.LittleEndian.PutUint64(e.Src.Bytes(), e.Ring.Addr())
+	binary.LittleEndian.PutUint32(e.Src.Bytes()[8:], e.Ring.RKey())
+	adv := []verbs.SendWR{{
+		Opcode: verbs.OpRDMAWriteWithImm, Flags: verbs.SendInline | verbs.SendSignaled,
+		SGL:        []verbs.SGE{{Addr: e.Src.Addr(), Length: 16, LKey: e.Src.LKey()}},
+		RemoteAddr: peer.Ring.Addr(), RKey: peer.Ring.RKey(),
+	}}
+	repost := []verbs.RecvWR{{}}
+	var wc [1]verbs.WorkCompletion
+	for !stop.Load() {
+		if err := e.QP.PostSend(adv); err != nil {
+			return err
+		}
+		if err := svWait(e.SCQ, wc[:], stop); err != nil {
+			return fmt.Errorf("advertise: %w", err)
+		}
+		if err := svWait(e.RCQ, wc[:], stop); err != nil {
+			return fmt.Errorf("message: %w", err)
+		}
+		if stop.Load() {
+			break
+		}
+		repost[0].ID = wc[0].WRID
+		if err := e.QP.PostRecv(repost); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// svWait polls cq until it yields one successful completion into wc[0], yielding the
+// processor after every empty poll, as rsock's waiters do; it gives up without error
+// once stop (if not nil) is set.
+func svWait(cq verbs.CQ, wc []verbs.WorkCompletion, stop *atomic.Bool) error {
+	for {
+		n, err := cq.Poll(wc[:1])
+		switch {
+		case err != nil:
+			return err
+		case n == 1 && wc[0].Status != verbs.WCSuccess:
+			return fmt.Errorf("completion %+v", wc[0])
+		case n == 1:
+			return nil
+		case stop != nil && stop.Load():
+			return nil
+		}
+		runtime.Gosched()
+	}
 }
 
 // svSignalEvery is how many WRs make a signaled send, and how many completions a

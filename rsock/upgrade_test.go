@@ -599,3 +599,58 @@ func TestPrepareEarly(t *testing.T) {
 		})
 	}
 }
+
+// TestUpgradeClientBeforeUnitRing: a client from before the hello carried the unit ring
+// (its offer lacks the byte, and it ignores the server's) and a server of today stream
+// both ways over RDMA at the defaults: neither fixes a credit unit, so each takes the
+// other's from its ring size, as that client does, rings grow to 512 KiB at most, and
+// every byte arrives in order. Between two clients of today the same stream grows the
+// rings past it.
+func TestUpgradeClientBeforeUnitRing(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		before   bool
+		wantRing func(t require.TestingT, ring int)
+	}{
+		{"client from before", true, func(t require.TestingT, ring int) { require.Equal(t, 512<<10, ring) }},
+		{"client of today", false, func(t require.TestingT, ring int) { require.Greater(t, ring, 512<<10) }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dialAsBeforeUnitRing = tt.before
+			t.Cleanup(func() { dialAsBeforeUnitRing = false })
+			fab := soft.New(soft.Options{})
+			scfg, ccfg := rdmaConfigs(t, FallbackTCP, fab)
+			ln := listen(t, scfg)
+			c, s := pipe(t, ln, ccfg)
+			require.Equal(t, TransportRDMA, c.Transport(), "client: %v", c.FallbackReason())
+			// Not a timing: ends that disagree on a unit may stall for good, and fail so.
+			for _, conn := range []*Conn{c, s} {
+				require.NoError(t, conn.SetDeadline(time.Now().Add(time.Minute)))
+			}
+
+			const total = 12 << 20 // enough turnover to grow 8 KiB rings past 512 KiB
+			data := bytes.Repeat([]byte("0123456789abcdefghijklmnopqrstu"), total/31+1)[:total]
+			errs := make(chan error, 2)
+			for _, w := range []*Conn{c, s} {
+				go func() {
+					_, err := w.Write(data)
+					if err == nil {
+						err = w.CloseWrite()
+					}
+					errs <- err
+				}()
+			}
+			for _, r := range []*Conn{s, c} {
+				got, err := io.ReadAll(r)
+				require.NoError(t, err)
+				require.True(t, bytes.Equal(data, got), "the stream arrived changed")
+			}
+			require.NoError(t, <-errs)
+			require.NoError(t, <-errs)
+			tt.wantRing(t, s.Stats().RingSize)
+			tt.wantRing(t, c.Stats().RingSize)
+			require.NoError(t, c.Close())
+			require.NoError(t, s.Close())
+		})
+	}
+}

@@ -11,7 +11,7 @@ import (
 // BenchmarkStream measures one-way throughput through the engine; the reader drains on
 // its own goroutine. "fixed" is a fixed 128 KiB ring and 64 KiB staging buffer (the
 // defaults before rings grew), "growing" the defaults: rings that start at 8 KiB and
-// grow to 128 KiB. The second must keep up with the first.
+// grow to DefaultGrowRingTo. The second must keep up with the first.
 func BenchmarkStream(b *testing.B) {
 	for _, size := range []int{64, 4 << 10, 64 << 10, 1 << 20} {
 		for _, o := range []struct {

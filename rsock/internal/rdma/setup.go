@@ -99,8 +99,8 @@ type Budget interface {
 
 // Defaults. With them an idle connection holds a ring of 8 KiB (and its mailbox) and a
 // staging buffer of 4 KiB registered, about 58 KiB per end in all; a busy stream grows
-// them to a 4 MiB ring, as far as Linux's TCP autotuning takes a receive buffer by
-// default (tcp_rmem, 6 MiB), and 256 KiB of staging (a staging buffer that grows
+// them to a 4 MiB ring, near how far Linux's TCP autotuning takes a receive buffer by
+// default (tcp_rmem's 6 MiB), and 256 KiB of staging (a staging buffer that grows
 // defaults to half the largest ring, up to maxGrownSendBuffer: a 64 KiB write then takes
 // one or two work requests, not five, and the writer waits for fewer completions; over
 // verbs/soft that is 1.6-2x the throughput of a 128 KiB ring with 64 KiB of staging).
@@ -118,9 +118,9 @@ const (
 	DefaultPollSpin       = 64
 	DefaultReadBufferSize = 4 << 20
 	DefaultLinger         = 5 * time.Second
-	// maxGrownSendBuffer caps the default staging buffer of a growing ring: past
-	// 256 KiB, a larger one added nothing over soft, and Writes of 32 KiB or more skip
-	// staging where the provider allows (zcopy.go).
+	// maxGrownSendBuffer caps the default staging buffer of a growing ring where it
+	// was before rings grew past 512 KiB: staging is pinned too, and Writes of 32 KiB
+	// or more skip it where the provider allows (zcopy.go).
 	maxGrownSendBuffer = 256 << 10
 	// MaxReadBufferSize bounds ReadBufferSize: 1 GiB.
 	MaxReadBufferSize = 1 << 30
@@ -395,17 +395,16 @@ func (ep *Endpoint) prepareMemory() (err error) {
 // Offer returns what the peer needs to connect to this endpoint.
 func (ep *Endpoint) Offer() Offer {
 	return Offer{
-		GID:       ep.path.gid.GID,
-		LID:       ep.path.port.LID,
-		MTU:       ep.path.port.ActiveMTU,
-		QPN:       ep.qp.QPN(),
-		PSN:       ep.psn,
-		RingAddr:  ep.ring.Addr(),
-		RingRKey:  ep.ring.RKey(),
-		RingSize:  uint32(ep.opts.RingSize),
-		RecvWQEs:  uint32(ep.opts.RecvWQEs),
-		MaxInline: uint32(ep.inline),
-
+		GID:          ep.path.gid.GID,
+		LID:          ep.path.port.LID,
+		MTU:          ep.path.port.ActiveMTU,
+		QPN:          ep.qp.QPN(),
+		PSN:          ep.psn,
+		RingAddr:     ep.ring.Addr(),
+		RingRKey:     ep.ring.RKey(),
+		RingSize:     uint32(ep.opts.RingSize),
+		RecvWQEs:     uint32(ep.opts.RecvWQEs),
+		MaxInline:    uint32(ep.inline),
 		UnitRingSize: uint32(ep.opts.unitRing()),
 	}
 }
