@@ -117,10 +117,11 @@
 // runs out only at an arrival), so a spill that is due always happens. At the end of a
 // read, when [Endpoint.PeerRingCredit] is zero, the engine first gives back what the
 // reads consumed with [Endpoint.CreditNow], an update sent early, once that is an eighth
-// of the ring or [CreditNowMin]; the peer's next arrival then asks again. Only when less is owed (or no WQE credit is
-// to spare) does the end of the read spill. The model tests check it with receivers that never
-// read and receivers that read a little and stop: the writer gets as far as the rule
-// says, and spilled bytes reach the application exactly once and in order.
+// of the ring or [CreditNowMin]; the peer's next arrival then asks again. Only when less
+// is owed (or no WQE credit is to spare) does the end of the read spill. The model tests
+// check it with receivers that never read and receivers that read a little and stop:
+// the writer gets as far as the rule says, and spilled bytes reach the application
+// exactly once and in order.
 //
 // # Resizing the ring
 //
