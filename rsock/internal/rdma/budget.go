@@ -240,6 +240,24 @@ func (ep *Endpoint) registerCounted(m *countedMR, n int, what string, register f
 	return m, nil
 }
 
+// growthFits reports whether n more bytes may be pinned to grow a ring past 512 KiB. On
+// a provider that pins, while RLIMIT_MEMLOCK binds, such growth may take what the
+// process has pinned to half the limit and no further: the rings of a few streams could
+// otherwise pin all of it, and every connection prepared after them would fall back for
+// want of the few kilobytes it needs (rings up to 512 KiB grow as before, refused only
+// by the limit itself).
+func (ep *Endpoint) growthFits(n int) bool {
+	if !ep.pinsMemory() {
+		return true
+	}
+	limit, binds := memlockLimit()
+	if !binds {
+		return true
+	}
+	_, pinned := RegisteredMemory()
+	return uint64(pinned)+uint64(n) <= limit/2
+}
+
 // pinnedNow is the bytes rsock has pinned, for error texts.
 func pinnedNow() int64 {
 	_, p := RegisteredMemory()

@@ -66,7 +66,12 @@ func (c *Conn) maybeGrowLocked(n int) {
 	if 4*c.fc.Held() < 3*ring && c.turnover < growAfter*uint64(ring) {
 		return
 	}
-	c.resizeLocked(min(ring*growFactor, c.growTo))
+	next := min(ring*growFactor, c.growTo)
+	if next > legacyUnitRing && !c.ep.growthFits(next+mailboxSize) {
+		c.growTo = ring // and no further, for this connection; idle, it still shrinks
+		return
+	}
+	c.resizeLocked(next)
 }
 
 // idleShrinkLocked shrinks a grown ring back to its first size when no data arrived

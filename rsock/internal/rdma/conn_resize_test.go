@@ -237,6 +237,32 @@ func TestRingGrowsPastLegacyUnit(t *testing.T) {
 	}
 }
 
+// TestRingGrowthHeadroom: on a provider that pins, under a binding RLIMIT_MEMLOCK of
+// 8 MiB, a ring grows past 512 KiB only while the process pins at most half of it: the
+// stream's ring stops at 2 MiB (4 MiB would pass 4 MiB pinned), growth stops without an
+// error, and a connection prepared after it still fits.
+func TestRingGrowthHeadroom(t *testing.T) {
+	closeIdleAll(t)
+	setMemlock(t, 8<<20, true)
+	p := &pinningProvider{Fabric: soft.New(soft.Options{})}
+	opts := Options{RingSize: 32 << 10, GrowRingTo: 4 << 20}
+	a, b := connPair(t, p, opts)
+	sendAll(t, a, b, payload(12<<20, 9), 100<<10, 9)
+	pingPong(t, a, b)
+	r := ringOf(b)
+	require.Equal(t, 2<<20, r.size, "b's ring")
+	require.NoError(t, r.growErr)
+	_, pinned := RegisteredMemory()
+	require.LessOrEqual(t, pinned, int64(4<<20), "pinned by the two ends")
+
+	ep, err := Prepare(p, loopback, opts)
+	require.NoError(t, err, "a connection prepared after the stream")
+	require.NoError(t, ep.Abort())
+	require.NoError(t, a.Close())
+	require.NoError(t, b.Close())
+	requireReleased(t, p.Fabric)
+}
+
 // TestRingGrowthOverBudget: a ring that would pass MaxRegisteredMemory is not grown;
 // the connection goes on with the ring it has, and says why.
 func TestRingGrowthOverBudget(t *testing.T) {

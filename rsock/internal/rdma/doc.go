@@ -197,7 +197,9 @@
 // naming the limit and the figures, and rsock falls back to TCP; the kernel's own ENOMEM
 // from a registration (memory pinned elsewhere in the process) is reported as
 // ErrMemlock with the fix. A ring or staging buffer that cannot grow for the same
-// reasons stays as it is.
+// reasons stays as it is. A ring grows past 512 KiB, under a binding RLIMIT_MEMLOCK,
+// only while rsock pins at most half the limit (growthFits): a few streams' rings would
+// otherwise pin all of it, and every connection after them fall back.
 //
 // # Closing
 //
