@@ -96,7 +96,9 @@ func (c *Conn) idleShrinkLocked() {
 // resizeLocked registers a ring of size bytes (and its mailbox), writes its description
 // where the resize will carry it from, and asks flowctl to announce it; the caller posts
 // control messages next. A ring that cannot be registered (the budget, RLIMIT_MEMLOCK)
-// stops growth for good, and the connection goes on with the ring it has.
+// stops growth for good, and the connection goes on with the ring it has; idle, that
+// ring still shrinks, and grows back to it at most. A smaller ring that cannot be
+// registered stops resizing altogether.
 func (c *Conn) resizeLocked(size int) {
 	mr, err := c.ep.registerMR(size+mailboxSize, ringAccess, "receive ring")
 	if err == nil {
@@ -105,7 +107,12 @@ func (c *Conn) resizeLocked(size int) {
 		}
 	}
 	if err != nil {
-		c.growTo, c.growErr = 0, err
+		c.growErr = err
+		if ring := c.fc.RingSize(); size > ring {
+			c.growTo = ring
+		} else {
+			c.growTo = 0
+		}
 		return
 	}
 	putRingDesc(mr.Bytes()[size+mailboxOut:], mr.Addr(), mr.RKey(), uint32(size))

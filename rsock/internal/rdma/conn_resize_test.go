@@ -264,7 +264,8 @@ func TestRingGrowthHeadroom(t *testing.T) {
 }
 
 // TestRingGrowthOverBudget: a ring that would pass MaxRegisteredMemory is not grown;
-// the connection goes on with the ring it has, and says why.
+// the connection goes on with the ring it has, and says why. Idle, that ring still
+// shrinks back to the first, and a stream grows it again to the size it reached.
 func TestRingGrowthOverBudget(t *testing.T) {
 	f := soft.New(soft.Options{})
 	opts := Options{RingSize: 4 << 10, GrowRingTo: 64 << 10, SendBufferSize: 4 << 10}
@@ -274,6 +275,17 @@ func TestRingGrowthOverBudget(t *testing.T) {
 	r := ringOf(b)
 	require.Equal(t, 16<<10, r.size, "grown once, not to 64 KiB")
 	require.ErrorIs(t, r.growErr, ErrMemoryBudget)
+	tick := func() {
+		b.mu.Lock()
+		b.idleShrinkLocked()
+		b.mu.Unlock()
+	}
+	tick() // data arrived since the last tick: no shrink
+	tick() // idle now: shrink
+	pingPong(t, a, b)
+	require.Equal(t, 4<<10, ringOf(b).size, "shrunk when idle")
+	sendAll(t, a, b, payload(1<<20, 8), 16<<10, 8)
+	require.Equal(t, 16<<10, ringOf(b).size, "grown back to the ring it had")
 	require.NoError(t, a.Close())
 	require.NoError(t, b.Close())
 	requireReleased(t, f)
