@@ -604,16 +604,17 @@ func TestPrepareEarly(t *testing.T) {
 // (its offer lacks the byte, and it ignores the server's) and a server of today stream
 // both ways over RDMA at the defaults: neither fixes a credit unit, so each takes the
 // other's from its ring size, as that client does, rings grow to 512 KiB at most, and
-// every byte arrives in order. Between two clients of today the same stream grows the
-// rings past it.
+// every byte arrives in order. Between a client and a server of today the same stream
+// grows the rings to 4 MiB. Nobody reads until the rings have grown, so that each ring
+// fills, and grows, at every step.
 func TestUpgradeClientBeforeUnitRing(t *testing.T) {
 	for _, tt := range []struct {
-		name     string
-		before   bool
-		wantRing func(t require.TestingT, ring int)
+		name   string
+		before bool
+		ring   int
 	}{
-		{"client from before", true, func(t require.TestingT, ring int) { require.Equal(t, 512<<10, ring) }},
-		{"client of today", false, func(t require.TestingT, ring int) { require.Greater(t, ring, 512<<10) }},
+		{"client from before", true, 512 << 10},
+		{"client of today", false, 4 << 20},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			dialAsBeforeUnitRing = tt.before
@@ -628,7 +629,7 @@ func TestUpgradeClientBeforeUnitRing(t *testing.T) {
 				require.NoError(t, conn.SetDeadline(time.Now().Add(time.Minute)))
 			}
 
-			const total = 12 << 20 // enough turnover to grow 8 KiB rings past 512 KiB
+			const total = 12 << 20
 			data := bytes.Repeat([]byte("0123456789abcdefghijklmnopqrstu"), total/31+1)[:total]
 			errs := make(chan error, 2)
 			for _, w := range []*Conn{c, s} {
@@ -640,6 +641,8 @@ func TestUpgradeClientBeforeUnitRing(t *testing.T) {
 					errs <- err
 				}()
 			}
+			require.Eventually(t, func() bool { return c.Stats().RingSize == tt.ring && s.Stats().RingSize == tt.ring },
+				30*time.Second, time.Millisecond, "rings of %d and %d bytes, want %d", c.Stats().RingSize, s.Stats().RingSize, tt.ring)
 			for _, r := range []*Conn{s, c} {
 				got, err := io.ReadAll(r)
 				require.NoError(t, err)
@@ -647,8 +650,8 @@ func TestUpgradeClientBeforeUnitRing(t *testing.T) {
 			}
 			require.NoError(t, <-errs)
 			require.NoError(t, <-errs)
-			tt.wantRing(t, s.Stats().RingSize)
-			tt.wantRing(t, c.Stats().RingSize)
+			require.Equal(t, tt.ring, s.Stats().RingSize, "the server's ring")
+			require.Equal(t, tt.ring, c.Stats().RingSize, "the client's ring")
 			require.NoError(t, c.Close())
 			require.NoError(t, s.Close())
 		})

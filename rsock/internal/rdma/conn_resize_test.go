@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -188,6 +189,26 @@ func TestRingGrowsWhileNotRead(t *testing.T) {
 	requireReleased(t, f)
 }
 
+// growUnread writes p from a to b, on its own goroutine, while b does not read, until
+// b's ring is want bytes, then reads it all back and checks it. A ring whose reader
+// does not read fills, and grows, at every step, where one raced by its reader grows
+// past 512 KiB only when the scheduler lets the writer get ahead (maybeGrowLocked).
+func growUnread(t *testing.T, a, b *Conn, p []byte, want int) {
+	t.Helper()
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := a.Write(p)
+		wrote <- err
+	}()
+	require.Eventually(t, func() bool { return ringOf(b).size == want }, 30*time.Second, time.Millisecond,
+		"b's ring never reached %d bytes", want)
+	got := make([]byte, len(p))
+	_, err := io.ReadFull(b, got)
+	require.NoError(t, err)
+	require.NoError(t, <-wrote)
+	require.True(t, bytes.Equal(p, got), "bytes differ")
+}
+
 // TestRingGrowsPastLegacyUnit: a ring grows past 512 KiB, where a ring's own credit
 // unit would change, because both offers name the unit ring it keeps (8 bytes, 4 MiB's),
 // and every byte arrives in order. Toward a peer whose offer names none (an rsock from
@@ -222,11 +243,8 @@ func TestRingGrowsPastLegacyUnit(t *testing.T) {
 			require.NoError(t, err)
 			startPair(t, a, b)
 
-			// The ring grows after four rings' worth passes through it: 32 KiB, 128 KiB,
-			// 512 KiB, 2 MiB and 4 MiB take about 11 MiB; the writes go in
-			// chunks that cross ring ends and unit boundaries.
-			sendAll(t, a, b, payload(12<<20, 8), 100<<10, 8)
-			pingPong(t, a, b) // the last resize and its switch are done
+			growUnread(t, a, b, payload(12<<20, 8), tt.want)
+			pingPong(t, a, b) // a resize after the last look is done
 			r := ringOf(b)
 			require.Equal(t, tt.want, r.size, "b's ring")
 			require.NoError(t, r.growErr)
@@ -247,7 +265,7 @@ func TestRingGrowthHeadroom(t *testing.T) {
 	p := &pinningProvider{Fabric: soft.New(soft.Options{})}
 	opts := Options{RingSize: 32 << 10, GrowRingTo: 4 << 20}
 	a, b := connPair(t, p, opts)
-	sendAll(t, a, b, payload(12<<20, 9), 100<<10, 9)
+	growUnread(t, a, b, payload(12<<20, 9), 2<<20)
 	pingPong(t, a, b)
 	r := ringOf(b)
 	require.Equal(t, 2<<20, r.size, "b's ring")
@@ -392,6 +410,49 @@ func TestFixedRingMeetsGrowingRing(t *testing.T) {
 	require.NoError(t, fixed.Close())
 	require.NoError(t, growing.Close())
 	requireReleased(t, f)
+}
+
+// TestRingGrowsPast512KiBOnlyWhenFull: past 512 KiB a ring grows only when the peer
+// holds three quarters of it, not because a stream has turned it over: a 512 KiB ring
+// whose reader keeps up stays as it is after eight rings' worth, and grows to 2 MiB
+// once its reader stops and the arrivals fill it.
+func TestRingGrowsPast512KiBOnlyWhenFull(t *testing.T) {
+	const ring, chunk = 512 << 10, 32 << 10
+	p := newFakeProvider()
+	c, _ := fakeConnPair(t, p, loopback, loopback, Options{RingSize: ring, GrowRingTo: 2 << 20, Linger: -1})
+	q := &fakeQP{qpn: c.qp.QPN()}
+	c.qp = q
+	resizes := func() (n int) {
+		for _, wr := range q.posted() {
+			if m, err := flowctl.DecodeImm(wr.Imm, uint32(len(wr.SGL))*flowctl.ResizeLen); err == nil && m.Kind == flowctl.KindResize {
+				n++
+			}
+		}
+		return n
+	}
+	buf := make([]byte, chunk)
+	wqe := uint64(0)
+	for range 8 * ring / chunk { // each chunk read as it arrives
+		arriveImm(t, c, wqe%fakeWQEs, flowctl.Imm{Kind: flowctl.KindData}, chunk)
+		wqe++
+		_, err := io.ReadFull(c, buf)
+		require.NoError(t, err)
+	}
+	require.Zero(t, resizes(), "grown by turnover alone")
+	require.Equal(t, ring, ringOf(c).size)
+
+	c.mu.Lock()
+	c.reading = true // a Read in progress: nothing spills, the peer holds what arrives
+	c.mu.Unlock()
+	for range 3 * ring / 4 / chunk {
+		arriveImm(t, c, wqe%fakeWQEs, flowctl.Imm{Kind: flowctl.KindData}, chunk)
+		wqe++
+	}
+	require.Equal(t, 1, resizes(), "grown once three quarters are held")
+	c.mu.Lock()
+	require.Equal(t, 2<<20, c.nextRingSize, "to 2 MiB")
+	c.mu.Unlock()
+	c.consume(0, 0, true) // the Read in progress ends
 }
 
 // resizingConn returns a Conn, prepared and connected on the fake provider, whose ring

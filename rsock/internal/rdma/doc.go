@@ -143,7 +143,9 @@
 //   - The ring starts at RingSize and grows four-fold (to GrowRingTo at most) after a
 //     data arrival that finds three quarters of it held by the peer (buffered, or
 //     consumed and not yet credited back), or once four rings' worth of data has passed
-//     through it: the stream is busy, and a larger ring keeps more of it in flight. It
+//     through it: the stream is busy, and a larger ring keeps more of it in flight.
+//     Past 512 KiB only the first counts (a ring costs its size in cache, since the
+//     writer sweeps all of it, and gains only a writer that would wait). It
 //     shrinks back to RingSize at the second keepalive tick with nothing arrived and
 //     nothing buffered.
 //   - A resize is flowctl's: the engine registers the new ring, flowctl hands out a
