@@ -105,8 +105,9 @@ type Budget interface {
 // one or two work requests, not five, and the writer waits for fewer completions; over
 // verbs/soft that is 1.6-2x the throughput of a 128 KiB ring with 64 KiB of staging).
 // A ring that grows past 512 KiB keeps a soft stream's writer blocked less often:
-// 64 KiB Writes ran at 0.46-0.56x raw soft verbs with a 4 MiB ring against 0.30-0.36x
-// with 512 KiB, 1 MiB Writes at 0.37-0.45x against 0.24-0.29x (rsockperf, alternated).
+// 64 KiB Writes ran at 0.50x raw soft verbs with rings growing to 4 MiB against 0.33x
+// with 512 KiB, 1 MiB Writes at 0.43x against 0.25x (medians of seven alternated
+// rsockperf runs).
 // DefaultSendBufferSize is the staging buffer of a fixed ring.
 const (
 	DefaultRingSize       = 8 << 10
