@@ -106,10 +106,9 @@
 // the writer. Read takes the spilled bytes first, then the ring's. Which bytes and when
 // is flowctl's rule ([flowctl.Endpoint.Spillable]): everything buffered, once half the
 // ring is and the writer has no ring credit left, checked after every arrival and at
-// the end of every Read; a writer toward an
-// application that does not read gets rid of at least ReadBufferSize plus half a ring
-// before Write blocks, whether or not the peer has called Accept (the engine receives
-// from the moment the upgrade completes).
+// the end of every Read; a writer toward an application that does not read gets rid of
+// at least ReadBufferSize plus half a ring before Write blocks, whether or not the peer
+// has called Accept (the engine receives from the moment the upgrade completes).
 //
 // Why the receiver, and not a queue of unsent bytes at the sender:
 //
@@ -122,9 +121,8 @@
 //     goroutine and cannot lose bytes it had promised.
 //   - An application that reads keeps the fast path: nothing spills while a Read is in
 //     progress, and between two Reads only when its writer has run out of ring
-//     credit, which a reader that keeps up seldom lets happen (1 to 2% of the bytes of
-//     a stream of 64 KiB Writes on soft): the others are copied once, from the ring
-//     to the caller.
+//     credit, which a reader that keeps up seldom lets happen: the other bytes are
+//     copied once, from the ring to the caller.
 //
 // The cost is a second copy for bytes that arrive while nobody reads, made on the
 // poller's goroutine (or the ending Read's) with the Conn's mutex held, and memory at
@@ -161,8 +159,8 @@
 //
 // At the defaults (RingSize 8 KiB, GrowRingTo 4 MiB) an idle end holds about 58 KiB
 // in all (TestIdleFootprint: 5,000 connections, heap with soft's registered memory, its
-// share of the CQs, goroutine stacks), 12 KiB of it registered, and a stream grows to a
-// 4 MiB ring and 256 KiB of staging (BenchmarkStream).
+// share of the CQs, goroutine stacks), 12 KiB of it registered, and a stream whose
+// writer outruns its reader grows to a 4 MiB ring and 256 KiB of staging.
 //
 // Rings above 512 KiB return credit in units of more than a byte, and flowctl resizes a
 // ring only within its unit. So every ring of a connection has the unit of the largest
