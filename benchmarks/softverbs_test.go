@@ -64,7 +64,6 @@ func BenchmarkSoftVerbs(b *testing.B) {
 // which stands for the buffer a Read names, each only once y has advertised it.
 func benchSoftPlaced(b *testing.B, size int) {
 	x, y := newSoftVerbsPair(b, size, max(size, 1<<16))
-	const advertLen = 16 // address and key
 	var stop atomic.Bool
 	var wg sync.WaitGroup
 	errs := make(chan error, 1)
@@ -86,7 +85,7 @@ func benchSoftPlaced(b *testing.B, size int) {
 		if err := x.QP.PostRecv(repost); err != nil {
 			b.Fatal(err)
 		}
-		adv := x.Ring.Bytes()[:advertLen]
+		adv := x.Ring.Bytes()[:svAdvertLen]
 		wr[0].RemoteAddr = binary.LittleEndian.Uint64(adv)
 		wr[0].RKey = binary.LittleEndian.Uint32(adv[8:])
 		if err := x.QP.PostSend(wr); err != nil {
@@ -103,6 +102,9 @@ func benchSoftPlaced(b *testing.B, size int) {
 	}
 }
 
+// svAdvertLen is the length of benchSoftPlaced's advertisement: address and key.
+const svAdvertLen = 16
+
 // svAdvertise plays benchSoftPlaced's reader: it advertises e's ring to peer and waits
 // for the message written into it, until stop is set.
 func svAdvertise(e, peer *workload.SoftEndpoint, stop *atomic.Bool) error {
@@ -110,7 +112,7 @@ func svAdvertise(e, peer *workload.SoftEndpoint, stop *atomic.Bool) error {
 	binary.LittleEndian.PutUint32(e.Src.Bytes()[8:], e.Ring.RKey())
 	adv := []verbs.SendWR{{
 		Opcode: verbs.OpRDMAWriteWithImm, Flags: verbs.SendInline | verbs.SendSignaled,
-		SGL:        []verbs.SGE{{Addr: e.Src.Addr(), Length: 16, LKey: e.Src.LKey()}},
+		SGL:        []verbs.SGE{{Addr: e.Src.Addr(), Length: svAdvertLen, LKey: e.Src.LKey()}},
 		RemoteAddr: peer.Ring.Addr(), RKey: peer.Ring.RKey(),
 	}}
 	repost := []verbs.RecvWR{{}}

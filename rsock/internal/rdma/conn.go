@@ -155,7 +155,10 @@ func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) 
 	if peer.UnitRingSize != 0 {
 		local.UnitRingSize = ep.opts.unitRing() // as our Offer said
 	} else {
-		growTo = legacyGrowth(ep.opts.RingSize, growTo)
+		// The peer takes every ring's credit unit from its size: rings up to
+		// legacyUnitRing share the 1-byte unit, and no larger ring shares its unit with
+		// another, so a ring that starts there or above does not grow (below).
+		growTo = min(growTo, legacyUnitRing)
 	}
 	fc, err := flowctl.MakeEndpoint(local,
 		flowctl.Params{RingSize: int(peer.RingSize), RecvWQEs: int(peer.RecvWQEs), UnitRingSize: int(peer.UnitRingSize)},
@@ -383,14 +386,3 @@ func (c *Conn) LocalAddr() net.Addr { return c.ctrl.LocalAddr() }
 
 // RemoteAddr returns the bootstrap connection's remote address.
 func (c *Conn) RemoteAddr() net.Addr { return c.ctrl.RemoteAddr() }
-
-// legacyGrowth is how far a ring of first size ring may grow, up to growTo, toward a
-// peer that names no unit ring and so takes every ring's credit unit from its size:
-// rings up to legacyUnitRing share the 1-byte unit, and no larger ring shares its unit
-// with another.
-func legacyGrowth(ring, growTo int) int {
-	if ring >= legacyUnitRing {
-		return 0
-	}
-	return min(growTo, legacyUnitRing)
-}

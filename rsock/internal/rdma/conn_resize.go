@@ -73,12 +73,14 @@ func (c *Conn) maybeGrowLocked(n int) {
 		return
 	}
 	next := min(ring*growFactor, c.growTo)
-	if next > legacyUnitRing && !full {
-		return
-	}
-	if next > legacyUnitRing && !c.ep.growthFits(next+mailboxSize) {
-		c.growTo = ring // and no further, for this connection; idle, it still shrinks
-		return
+	if next > legacyUnitRing {
+		if !full {
+			return
+		}
+		if !c.ep.growthFits(next + mailboxSize) {
+			c.growTo = ring // and no further, for this connection; idle, it still shrinks
+			return
+		}
 	}
 	c.resizeLocked(next)
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -422,13 +423,8 @@ func TestRingGrowsPast512KiBOnlyWhenFull(t *testing.T) {
 	c, _ := fakeConnPair(t, p, loopback, loopback, Options{RingSize: ring, GrowRingTo: 2 << 20, Linger: -1})
 	q := &fakeQP{qpn: c.qp.QPN()}
 	c.qp = q
-	resizes := func() (n int) {
-		for _, wr := range q.posted() {
-			if m, err := flowctl.DecodeImm(wr.Imm, uint32(len(wr.SGL))*flowctl.ResizeLen); err == nil && m.Kind == flowctl.KindResize {
-				n++
-			}
-		}
-		return n
+	resizes := func() int {
+		return len(slices.DeleteFunc(postedKinds(t, q), func(k flowctl.Kind) bool { return k != flowctl.KindResize }))
 	}
 	buf := make([]byte, chunk)
 	wqe := uint64(0)

@@ -168,7 +168,7 @@
 // the hello appends to its endpoint), and the peer takes it from there. A peer whose
 // hello lacks that byte predates it and would take each ring's unit from its size:
 // toward it, neither side fixes a unit, and rings grow to 512 KiB at most, the largest
-// that shares the 1-byte unit (legacyGrowth). Every ring, fixed or not, is
+// that shares the 1-byte unit (Connect). Every ring, fixed or not, is
 // followed by its mailbox, since any peer may grow: the hello's version rules out peers
 // from before rings grew, so no capability bit is needed.
 //
