@@ -36,7 +36,16 @@
 //
 // # Output
 //
-// One table per workload: its figure (MB/s, operations per second, or median latency
+// A header names the command, the machine, the commit measured and, on the "cores:"
+// line, the cross-core round trip: how long two goroutines on two processors take to
+// hand a value back and forth, probed when the run starts and before each round of
+// measurements (median, and range over the probes). On a VM the host may place the
+// processors near or far apart and move them during a run, and figures that hand data
+// between cores move with it; the report adds a note when the probes differ by more
+// than 2×. Compare figures only between runs whose probes agree (see the README for
+// the soft ping-pong's own modes, which the probe does not show).
+//
+// Then one table per workload: its figure (MB/s, operations per second, or median latency
 // with p99 and p999), allocations per operation, the spread over -count runs, and the
 // ratios to the transport's baseline (RsockRDMA: SoftVerbs3Copy, so that the ratio is
 // the socket layer's own cost, or SoftVerbs where that did not run, or RawTCP where

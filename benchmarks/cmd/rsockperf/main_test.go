@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -57,7 +58,9 @@ func TestFlags(t *testing.T) {
 }
 
 // TestRun runs the command on a few transports and workloads, briefly, and checks its
-// outputs. Its 44 measurements (22 results of 2 runs each) are numbered 1 to 44.
+// outputs. Its 44 measurements (22 results of 2 runs each) are numbered 1 to 44; its
+// 12 rounds (6 workloads and sizes, twice) each begin with a cross-core probe, after
+// the one at the start.
 func TestRun(t *testing.T) {
 	dir := t.TempDir()
 	jsonOut, svgOut := filepath.Join(dir, "r.json"), filepath.Join(dir, "r.svg")
@@ -91,6 +94,12 @@ func TestRun(t *testing.T) {
 	}
 	require.NotEqual(t, "unknown", rep.Machine.Commit, "go test runs in the checkout: its commit is recorded")
 	require.NotEmpty(t, rep.Machine.GoVersion)
+	if runtime.GOMAXPROCS(0) >= 2 {
+		require.Contains(t, out, "\ncores:     cross-core round trip ")
+		require.Len(t, rep.Machine.CrossCoreRTTNs, 1+12, "a probe at the start and one per round")
+	} else {
+		require.NotContains(t, out, "cores:", "no probe with one processor")
+	}
 	// stream and pingpong: 2 sizes × 4 transports; grpc: 2 sizes × 3 transports.
 	require.Len(t, rep.Results, 22)
 	for _, r := range rep.Results {
@@ -107,6 +116,9 @@ func TestIdleMode(t *testing.T) {
 	code := run([]string{"-mode", "idle", "-transports", "RsockRDMA,RawTCP", "-conns", "20", "-q"}, &stdout, &stderr)
 	require.Equal(t, 0, code, "stderr: %s", stderr.String())
 	require.Contains(t, stdout.String(), "idle:")
+	if runtime.GOMAXPROCS(0) >= 2 {
+		require.Regexp(t, `\ncores:     cross-core round trip [\d.]+[nµm]?s \(one probe\)\n`, stdout.String(), "idle mode probes once")
+	}
 	// At the defaults an end registers an 8 KiB ring, its 64-byte mailbox and 4 KiB of
 	// staging.
 	require.Contains(t, stdout.String(), "12.1 KiB", "registered memory per RsockRDMA end")

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/rsockio/rsock/benchmarks/internal/report"
@@ -48,6 +49,8 @@ func plan(o *options) []measurement {
 }
 
 // measure runs the workloads (or, in idle mode, the footprint) and writes the report.
+// It probes the cross-core round trip (report.CrossCoreRoundTrip) when it starts and,
+// for workloads, before each round of measurements, and notes when the probes disagree.
 func measure(o *options, stdout, stderr io.Writer) error {
 	rep := &report.Report{
 		Command:  o.command,
@@ -56,6 +59,7 @@ func measure(o *options, stdout, stderr io.Writer) error {
 		Duration: o.duration.String(),
 		Count:    o.count,
 	}
+	rep.Machine.ProbeCrossCore()
 	envs := map[string]*workload.Env{}
 	defer func() {
 		for _, e := range envs {
@@ -129,7 +133,12 @@ func measure(o *options, stdout, stderr io.Writer) error {
 	}
 	prog.start(total, o.duration)
 	for _, m := range ms {
+		if !slices.ContainsFunc(o.transports, m.w.Runs) {
+			continue // no round, no probe
+		}
 		for c := range o.count {
+			// Each round's probe says which placement of the processors it ran in.
+			rep.Machine.ProbeCrossCore()
 			for i, t := range o.transports {
 				if !m.w.Runs(t) {
 					continue
@@ -154,6 +163,9 @@ func measure(o *options, stdout, stderr io.Writer) error {
 	}
 	report.Compare(rep.Results)
 	rep.Targets = report.Targets(rep.Results)
+	if n := rep.Machine.CrossCoreNote(); n != "" {
+		rep.Notes = append(rep.Notes, n)
+	}
 	return write(o, rep, stdout)
 }
 

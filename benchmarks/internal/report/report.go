@@ -42,6 +42,11 @@ type Machine struct {
 	// run and go test stamp none) it is the working directory's rsock checkout's, or
 	// "unknown".
 	Commit string `json:"commit"`
+	// CrossCoreRTTNs are the cross-core round trips in nanoseconds (CrossCoreRoundTrip),
+	// in the order measured: one when the run started and, in rsockperf, one before
+	// each round of measurements. None with GOMAXPROCS below 2. They tell which of the
+	// host's placements of the processors, near or far, the figures were measured in.
+	CrossCoreRTTNs []int64 `json:"cross_core_rtt_ns,omitempty"`
 }
 
 // ThisMachine describes the machine the process runs on.

@@ -31,6 +31,9 @@ func (r *Report) writeText(w io.Writer) {
 	fmt.Fprintf(w, "rsockperf: %s\n", r.Command)
 	fmt.Fprintf(w, "machine:   %s, %d CPUs (GOMAXPROCS %d), %s/%s, kernel %s, %s\n",
 		m.CPU, m.NumCPU, m.GOMAXPROCS, m.GOOS, m.GOARCH, m.Kernel, m.GoVersion)
+	if cores := m.crossCoreLine(); cores != "" {
+		fmt.Fprintf(w, "cores:     %s\n", cores)
+	}
 	fmt.Fprintf(w, "commit:    %s\n", m.Commit)
 	if len(r.Results) > 0 {
 		fmt.Fprintf(w, "runs:      %s each, median of %d\n", r.Duration, r.Count)
