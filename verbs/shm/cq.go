@@ -55,7 +55,7 @@ func (c *CQ) Poll(wc []verbs.WorkCompletion) (int, error) {
 	c.polls.Add(1)
 	var n int
 	var err error
-	found := host.spinPoll(func() bool { // a moment's wait for the peer (pollwait.go)
+	found := spinPoll(hostNow, func() bool { // a moment's wait for the peer (pollwait.go)
 		c.drive()
 		n, err = c.core.Poll(wc)
 		return n != 0 || err != nil

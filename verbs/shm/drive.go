@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/rsockio/rsock/internal/cpuyield"
 )
 
 // Who consumes the rings. A channel's request ring is consumed on the responder's side
@@ -299,8 +301,8 @@ func (w *pollWatch) active() bool {
 // the processor between looks, before serve sleeps for want of requests; it reports
 // whether the cursor moved from pos. A request/response exchange whose next request
 // comes within it costs no doorbell and no wake-up of this goroutine. It yields at
-// every look whatever the host (host.yield, not yieldCPU's policy): it is bounded in
-// time, not in looks, and no Gosched stands between them.
+// every look whatever the host (cpuyield.SchedYield, not yieldCPU's policy): it is
+// bounded in time, not in looks, and no Gosched stands between them.
 func spinArmed(prod *uint64, pos uint64) bool {
 	start := time.Now()
 	for i := 1; ; i++ {
@@ -310,6 +312,6 @@ func spinArmed(prod *uint64, pos uint64) bool {
 		if i%16 == 0 && time.Since(start) > armedSpin {
 			return false
 		}
-		host.yield()
+		cpuyield.SchedYield()
 	}
 }

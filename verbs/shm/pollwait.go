@@ -26,18 +26,18 @@ const (
 )
 
 // spinPoll calls poll until it reports that it found something, or until
-// emptyPollWait has passed on y's clock since the first call, or emptyPollLooks
+// emptyPollWait has passed on the clock now since the first call, or emptyPollLooks
 // calls; it reports whether poll found something.
-func (y *yielder) spinPoll(poll func() bool) bool {
+func spinPoll(now func() time.Duration, poll func() bool) bool {
 	if poll() {
 		return true
 	}
-	start := y.now()
+	start := now()
 	for range emptyPollLooks - 1 {
 		if poll() {
 			return true
 		}
-		if y.now()-start >= emptyPollWait {
+		if now()-start >= emptyPollWait {
 			return false
 		}
 	}
