@@ -305,6 +305,13 @@ type cq struct {
 	overflow atomic.Bool // set by the async event reader on IBV_EVENT_CQ_ERR
 }
 
+// FilledOutside reports that the CQ is filled outside the process, by the device (or
+// the kernel's Soft-RoCE), not by goroutines that runtime.Gosched would let run:
+// rsock's engine spaces a spinner's yields by it (rsock/internal/rdma's pause).
+func (c *cq) FilledOutside() bool { return true }
+
+var _ interface{ FilledOutside() bool } = (*cq)(nil) // the method rsock's engine looks for
+
 // acquire keeps the CQ from being destroyed until release (CreateQP names it).
 func (c *cq) acquire() error {
 	c.mu.Lock()

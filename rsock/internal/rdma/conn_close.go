@@ -222,7 +222,7 @@ func (c *Conn) drain() error {
 			return fmt.Errorf("rdma: close: %d work requests (writes or the FIN) never acknowledged by the peer, so bytes Write accepted may be lost: %w", unacked, failed)
 		}
 		if t == nil && s.more() {
-			c.pollWaiting()
+			c.pollWaiting(s.polls)
 			continue
 		}
 		if drained == nil {

@@ -10,11 +10,14 @@ import "runtime"
 // beginSpin), under the poller's ownership token: whatever it reaps it dispatches to
 // whichever connection owns it, exactly as the goroutine would, so receive WQEs are
 // re-posted and credits and send completions accounted as usual, and its own data is
-// buffered by the time it looks again. Only then does it park. The goroutine remains for when nobody is waiting (WQEs must be
-// re-posted and credit returned whether or not the application reads); while
-// waiters spin it stands by, polling nothing, and the last of them to stop nudges it
-// (poller.standBy, endSpin). So a waiter holds its slot only while it polls, never
-// across anything that may block.
+// buffered by the time it looks again. Only then does it park. Between polls it
+// yields as the CQ calls for (poller.pause): runtime.Gosched on a CQ this process's
+// goroutines fill (soft), a thread yield every few polls on one filled outside (ibv).
+// The goroutine remains for when nobody is waiting (WQEs must be re-posted and credit
+// returned whether or not the application reads); while waiters spin it stands by,
+// polling nothing, and the last of them to stop nudges it (poller.standBy, endSpin).
+// So a waiter holds its slot only while it polls, never across anything that may
+// block.
 //
 // A parked waiter says so (readParked, writeParked, under mu), and completions signal
 // its channel only then: a spinning waiter finds the state itself, and a channel
@@ -27,13 +30,14 @@ type spin struct {
 	c            *Conn
 	polls, limit int
 	begun        bool
+	read         bool // a Read's (or WriteTo's) wait: see beginSpin
 }
 
 // more reports whether the waiter should poll once more (pollWaiting) rather than park,
 // and counts that poll. The last poll gives the slot back: the waiter parks next.
 func (s *spin) more() bool {
 	if !s.begun {
-		s.begun, s.limit = true, s.c.beginSpin()
+		s.begun, s.limit = true, s.c.beginSpin(s.read)
 	}
 	if s.polls >= s.limit {
 		return false
@@ -54,7 +58,7 @@ func (s *spin) end() {
 	if s.begun && s.polls < s.limit {
 		s.c.poll.endSpin()
 	}
-	*s = spin{c: s.c}
+	*s = spin{c: s.c, read: s.read}
 }
 
 // beginSpin is how many polls a waiter may make before it parks: the poller's spin
@@ -62,8 +66,9 @@ func (s *spin) end() {
 // else none. More spinners could only take the processors from the goroutines that
 // produce what they wait for (a server with many connections has many waiting Reads);
 // the waiters beyond them park and are woken as before. A non-zero result holds a
-// slot, which spin gives back.
-func (c *Conn) beginSpin() int {
+// slot, which spin gives back. A Read's wait on a CQ filled outside the process spins
+// longer (readSpinPolls).
+func (c *Conn) beginSpin(read bool) int {
 	p := c.poll
 	if p == nil || p.spin == 0 {
 		return 0
@@ -71,6 +76,9 @@ func (c *Conn) beginSpin() int {
 	if p.spinners.Add(1) > p.maxSpinners {
 		p.endSpin()
 		return 0
+	}
+	if read {
+		return p.readSpinPolls()
 	}
 	return p.spin
 }
@@ -88,16 +96,20 @@ func (p *poller) endSpin() {
 	}
 }
 
-// pollWaiting is one poll of a waiting Read or Write (see above). When it reaps
-// nothing, because the CQ was empty or someone else holds the token, it yields the
-// processor: on a loaded machine the peer, or whoever polls, may need it. An empty
-// poll of a CQ that yielded by itself (poller.yields) is not followed by a Gosched.
-func (c *Conn) pollWaiting() {
+// pollWaiting is one poll of a waiting Read or Write (see above), its polls-th. When
+// it reaps nothing, because the CQ was empty or someone else holds the token, it
+// yields the processor: on a loaded machine the peer, or whoever polls, may need it.
+// Someone else's token is this process's goroutine, which runtime.Gosched lets run;
+// an empty CQ is the poller's pause (poller_yield.go), which depends on what fills it.
+func (c *Conn) pollWaiting(polls int) {
 	if c.poll == nil {
 		runtime.Gosched()
 		return
 	}
-	if n := c.poll.pollFor(c.qp.QPN(), c); n < 0 || (n == 0 && !c.poll.yields()) {
+	switch n := c.poll.pollFor(c.qp.QPN(), c); {
+	case n < 0:
 		runtime.Gosched()
+	case n == 0:
+		c.poll.pause(polls)
 	}
 }

@@ -192,7 +192,7 @@ func (c *Conn) SpinProof() bool {
 		if !s.more() {
 			return false
 		}
-		c.pollWaiting()
+		c.pollWaiting(s.polls)
 	}
 }
 

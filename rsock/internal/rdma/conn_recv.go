@@ -18,7 +18,7 @@ func (c *Conn) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, c.readErr()
 	}
-	s := spin{c: c}
+	s := spin{c: c, read: true}
 	defer s.end()
 	for {
 		if isClosed(c.rdl.wait()) {
@@ -33,7 +33,7 @@ func (c *Conn) Read(p []byte) (int, error) {
 		}
 		if v.empty() {
 			if s.more() {
-				c.pollWaiting()
+				c.pollWaiting(s.polls)
 				continue
 			}
 			if !park {
@@ -65,7 +65,7 @@ func (c *Conn) WriteTo(w io.Writer) (int64, error) {
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
 	var total int64
-	s := spin{c: c}
+	s := spin{c: c, read: true}
 	defer s.end()
 	for {
 		if isClosed(c.rdl.wait()) {
@@ -84,7 +84,7 @@ func (c *Conn) WriteTo(w io.Writer) (int64, error) {
 		}
 		if v.empty() {
 			if s.more() {
-				c.pollWaiting()
+				c.pollWaiting(s.polls)
 				continue
 			}
 			if !park {

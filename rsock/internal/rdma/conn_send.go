@@ -361,7 +361,7 @@ func (c *Conn) postControlLocked() {
 func (c *Conn) awaitRoomLocked(s *spin) error {
 	if s.more() {
 		c.mu.Unlock()
-		c.pollWaiting()
+		c.pollWaiting(s.polls)
 		return nil
 	}
 	c.writeParked = true

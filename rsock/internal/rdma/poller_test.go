@@ -282,7 +282,7 @@ func TestPollerStandsByWhileWaitersSpin(t *testing.T) {
 		require.NoError(t, p.attach(1, a))
 		synctest.Wait() // asleep on the channel, the CQ armed
 		waiter := &Conn{poll: p}
-		require.Equal(t, 100, waiter.beginSpin(), "polls granted to the waiter")
+		require.Equal(t, 100, waiter.beginSpin(false), "polls granted to the waiter")
 
 		cq.push(verbs.WorkCompletion{WRID: 1, QPN: 1}) // wakes the goroutine
 		synctest.Wait()

@@ -64,3 +64,82 @@ func TestCQYields(t *testing.T) {
 		})
 	}
 }
+
+// outsideCQ is a fake CQ that says it is filled outside the process, as verbs/ibv's.
+type outsideCQ struct{ *fakeCQ }
+
+func (outsideCQ) FilledOutside() bool { return true }
+
+// countingYielder counts pause's yields of each kind.
+type countingYielder struct {
+	gosched, yield int
+	contended      bool
+}
+
+func (y *countingYielder) Gosched()        { y.gosched++ }
+func (y *countingYielder) Yield()          { y.yield++ }
+func (y *countingYielder) Contended() bool { return y.contended }
+
+// TestPause: over outsideGoschedEvery empty polls, a spinner on a CQ this process's
+// goroutines fill (soft's) yields with runtime.Gosched after every one; on a CQ that
+// yields by itself (shm's, host quiet), not at all; on one filled outside (ibv's), it
+// yields its thread after every outsideYieldEvery-th and Goscheds after the last,
+// and on a contended host Goscheds instead of every thread yield.
+func TestPause(t *testing.T) {
+	const polls = outsideGoschedEvery
+	perYield := polls / outsideYieldEvery
+	for _, tc := range []struct {
+		name               string
+		cq                 completionQueue
+		contended          bool
+		wantGosched, wantY int
+	}{
+		{name: "soft", cq: newFakeCQ(), wantGosched: polls},
+		{name: "soft, contended", cq: newFakeCQ(), contended: true, wantGosched: polls},
+		{name: "yields by itself", cq: yieldingCQ{newFakeCQ(), true}},
+		{name: "does not yield now", cq: yieldingCQ{newFakeCQ(), false}, wantGosched: polls},
+		{name: "filled outside", cq: outsideCQ{newFakeCQ()}, wantGosched: 1, wantY: perYield - 1},
+		{name: "filled outside, contended", cq: outsideCQ{newFakeCQ()}, contended: true, wantGosched: perYield},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			y := &countingYielder{contended: tc.contended}
+			p := &poller{cq: tc.cq, yielder: cqYielder(tc.cq), outside: filledOutside(tc.cq), sched: y}
+			for empties := 1; empties <= polls; empties++ {
+				p.pause(empties)
+			}
+			require.Equal(t, tc.wantGosched, y.gosched, "runtime.Gosched calls")
+			require.Equal(t, tc.wantY, y.yield, "thread yields")
+		})
+	}
+}
+
+// TestReadSpinOutside: on a CQ filled outside, a Read's spin counts yields: it makes
+// outsideYieldEvery times as many polls before it parks; a Write's wait (for room)
+// makes the poller's spin in polls, as every wait on any other CQ does.
+func TestReadSpinOutside(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		cq          completionQueue
+		read, write int
+	}{
+		{"soft", newFakeCQ(), 5, 5},
+		{"filled outside", outsideCQ{newFakeCQ()}, 5 * outsideYieldEvery, 5},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newFakePoller(nil, 64, 5)
+			p.cq, p.outside = tc.cq, filledOutside(tc.cq)
+			c := &Conn{poll: p}
+			for _, read := range []bool{true, false} {
+				s := spin{c: c, read: read}
+				polls := 0
+				for s.more() {
+					polls++
+				}
+				s.end()
+				want := map[bool]int{true: tc.read, false: tc.write}[read]
+				require.Equal(t, want, polls, "polls of a waiter (a Read: %v) before it parks", read)
+				require.Zero(t, p.spinners.Load(), "slots held after the spin")
+			}
+		})
+	}
+}

@@ -297,7 +297,7 @@ func (c *Conn) awaitDirect() error {
 		}
 		if s.more() {
 			c.mu.Unlock()
-			c.pollWaiting()
+			c.pollWaiting(s.polls)
 			continue
 		}
 		c.writeParked = true
