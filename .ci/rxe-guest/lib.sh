@@ -1,8 +1,9 @@
 # lib.sh: step runner and helpers for the .ci/rxe guest (busybox sh, sourced by /init).
 #
-# Each step prints "@@STEP BEGIN <name> kind=<go|cmd>" and "@@STEP END <name> rc=<n>
-# secs=<s>"; the host counts a go step's "--- PASS"/"--- FAIL" lines and a cmd step as
-# one test. Every command runs under timeout(1) (coreutils: -k kills what ignores TERM).
+# Each step prints "@@STEP BEGIN <name> kind=<go|cmd> up=<s>" and "@@STEP END <name>
+# rc=<n> secs=<s>"; the host counts a go step's "--- PASS"/"--- FAIL" lines and a cmd
+# step as one test. up is the guest's uptime, the clock of dmesg's timestamps, so that
+# a kernel message printed at the end can be placed in its step. Every command runs under timeout(1) (coreutils: -k kills what ignores TERM).
 
 # Debian's static busybox runs its own applets ahead of PATH: name the real tools.
 # iproute2's ip (veth, rules, netns) and coreutils' timeout (-k, exit status 124).
@@ -17,7 +18,7 @@ want() { echo "$1" | grep -Eq -- "$STEPS"; }
 STEP_T0=0
 begin() { # begin <name> <kind>
   STEP_T0=$(uptime_s)
-  echo "@@STEP BEGIN $1 kind=$2"
+  echo "@@STEP BEGIN $1 kind=$2 up=$STEP_T0"
 }
 end() { # end <name> <rc>
   echo "@@STEP END $1 rc=$2 secs=$(awk -v a="$STEP_T0" -v b="$(uptime_s)" 'BEGIN { printf "%.0f", b - a }')"
