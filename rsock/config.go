@@ -209,8 +209,8 @@ type Config struct {
 	MaxRegisteredMemoryPerListener int64
 	// PollSpin is how many empty completion-queue polls the engine makes, yielding
 	// between them, before it sleeps on the completion channel (on rdma-core, where it
-	// polls a few times between two yields, a waiting Read's spin counts yields).
-	// Negative never spins.
+	// polls a few times between two yields, the spin of a Read that follows a Write
+	// counts yields). Negative never spins.
 	// It also bounds the non-blocking reads with which the RDMA handshake waits for the
 	// peer's answers on the bootstrap TCP connection before it blocks.
 	PollSpin int

@@ -31,6 +31,7 @@ type Conn struct {
 	poll *poller  // the endpoint's poller, which waiting Reads and Writes poll (conn_poll.go)
 
 	stale atomic.Uint64 // completions of a destroyed QP of the same number, dropped
+	wrote atomic.Bool   // a Write began since the last Read did (awaitsAnswer, conn_poll.go)
 
 	rmu, wmu sync.Mutex
 

@@ -23,6 +23,19 @@ import "runtime"
 // its channel only then: a spinning waiter finds the state itself, and a channel
 // signal nobody takes is a wasted lock and, in the worst case, a spurious wake-up.
 
+// awaitsAnswer reports whether a Read waits for an answer: this side has written since
+// the last Read began, so that what it waits for is likely the peer's reply, a round
+// trip away, rather than the next piece of a stream. It clears the mark.
+func (c *Conn) awaitsAnswer() bool { return c.wrote.Load() && c.wrote.Swap(false) }
+
+// markWrote notes a Write for awaitsAnswer, without writing the flag's cache line
+// again while it is set.
+func (c *Conn) markWrote() {
+	if !c.wrote.Load() {
+		c.wrote.Store(true)
+	}
+}
+
 // spin is one waiting Read's or Write's spin: how many polls it has made and may make.
 // The first wait of the call claims one of the poller's spinning slots (beginSpin);
 // without one, the waiter parks at once.
@@ -30,14 +43,14 @@ type spin struct {
 	c            *Conn
 	polls, limit int
 	begun        bool
-	read         bool // a Read's (or WriteTo's) wait: see beginSpin
+	answer       bool // a Read's wait for an answer to this side's writes: see beginSpin
 }
 
 // more reports whether the waiter should poll once more (pollWaiting) rather than park,
 // and counts that poll. The last poll gives the slot back: the waiter parks next.
 func (s *spin) more() bool {
 	if !s.begun {
-		s.begun, s.limit = true, s.c.beginSpin(s.read)
+		s.begun, s.limit = true, s.c.beginSpin(s.answer)
 	}
 	if s.polls >= s.limit {
 		return false
@@ -58,7 +71,7 @@ func (s *spin) end() {
 	if s.begun && s.polls < s.limit {
 		s.c.poll.endSpin()
 	}
-	*s = spin{c: s.c, read: s.read}
+	*s = spin{c: s.c, answer: s.answer}
 }
 
 // beginSpin is how many polls a waiter may make before it parks: the poller's spin
@@ -66,9 +79,9 @@ func (s *spin) end() {
 // else none. More spinners could only take the processors from the goroutines that
 // produce what they wait for (a server with many connections has many waiting Reads);
 // the waiters beyond them park and are woken as before. A non-zero result holds a
-// slot, which spin gives back. A Read's wait on a CQ filled outside the process spins
-// longer (readSpinPolls).
-func (c *Conn) beginSpin(read bool) int {
+// slot, which spin gives back. A Read's wait for an answer, on a CQ filled outside the
+// process, spins longer (answerSpinPolls).
+func (c *Conn) beginSpin(answer bool) int {
 	p := c.poll
 	if p == nil || p.spin == 0 {
 		return 0
@@ -77,8 +90,8 @@ func (c *Conn) beginSpin(read bool) int {
 		p.endSpin()
 		return 0
 	}
-	if read {
-		return p.readSpinPolls()
+	if answer {
+		return p.answerSpinPolls()
 	}
 	return p.spin
 }

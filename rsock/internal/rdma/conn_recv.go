@@ -18,7 +18,7 @@ func (c *Conn) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, c.readErr()
 	}
-	s := spin{c: c, read: true}
+	s := spin{c: c, answer: c.awaitsAnswer()}
 	defer s.end()
 	for {
 		if isClosed(c.rdl.wait()) {
@@ -65,7 +65,7 @@ func (c *Conn) WriteTo(w io.Writer) (int64, error) {
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
 	var total int64
-	s := spin{c: c, read: true}
+	s := spin{c: c, answer: c.awaitsAnswer()}
 	defer s.end()
 	for {
 		if isClosed(c.rdl.wait()) {

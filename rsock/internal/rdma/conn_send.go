@@ -17,6 +17,7 @@ import (
 func (c *Conn) Write(p []byte) (int, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	c.markWrote()
 	if n, ok, err := c.writeDirect(p); ok { // large, and the provider can post from p (zcopy.go)
 		return n, err
 	}
@@ -35,6 +36,7 @@ func (c *Conn) Write(p []byte) (int, error) {
 func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	c.markWrote()
 	var total int64
 	for {
 		m, err := c.writeSome(nil, r)

@@ -50,25 +50,29 @@ const (
 	outsideGoschedEvery = 64
 )
 
-// readSpinPolls is how many empty polls a waiting Read makes before it parks: the
-// poller's spin, which counts yields, in polls. On a CQ filled outside, a Read's spin
-// lasts as many yields, outsideYieldEvery polls each: it waits for its peer's answer,
-// and one that comes after the spin costs a sleep on the completion channel and a
-// wake-up. Writes waiting for room, and the poller's goroutine, spin the poller's spin
-// in polls: they wait for a reader or for nobody, and the cores they would spin on are
-// the ones the kernel's Soft-RoCE and the peer move the stream with. On Soft-RoCE in
-// the CI's VM (2 vCPUs, rsockperf between two processes, perf-only boots; the build
-// before, four boots: a default-mode 64-byte round trip of 500–675 µs, streams of
-// 40.8–46.5 MB/s with 64 KiB writes and 27.6–33.3 MB/s with 4 KiB ones):
+// answerSpinPolls is how many empty polls a Read that waits for an answer (to this
+// side's writes: awaitsAnswer) makes before it parks: the poller's spin, which counts
+// yields, in polls. On a CQ filled outside, its spin lasts as many yields,
+// outsideYieldEvery polls each: an answer that comes after the spin costs a sleep on
+// the completion channel and a wake-up. Other waits spin the poller's spin in polls: a
+// Read of a stream, which waits for the next piece, a Write for room, and the
+// poller's goroutine, for nobody; the cores they would spin on are the ones the
+// kernel's Soft-RoCE and the peer move the stream with. On Soft-RoCE in the CI's VM (2
+// vCPUs, rsockperf between two processes, perf-only boots; the build before, four
+// boots: a default-mode 64-byte round trip of 500–675 µs, streams of 40.8–46.5 MB/s
+// with 64 KiB writes and 27.6–33.3 MB/s with 4 KiB ones):
 //
 //   - every spin in yields (two boots): the round trip at 142–143 µs, and the streams
 //     at 35.0–36.5 and 22.5–24.2 MB/s;
 //   - every spin in polls (two boots): the round trip at 970–1040 µs, as the spin
 //     ended 8 times sooner, and the streams at 44.6–51.3 and 32.9–35.0 MB/s;
-//   - a Read's spin in yields and the rest in polls (this; two boots): the round trip
-//     at 162–175 µs, and the streams at 41.6–42.7 and 27.7–30.5 MB/s, within the
-//     spread of the build before.
-func (p *poller) readSpinPolls() int {
+//   - every Read's spin in yields, the rest in polls (four boots): the round trip at
+//     158–212 µs, and the streams at 41.6–42.8 and 27.7–30.5 MB/s, the 4 KiB one below
+//     rstream's in all four;
+//   - only an answer's in yields, the rest in polls (this; two boots): the round trip
+//     at 214–234 µs, and the streams at 38.6–41.6 and 30.3–30.7 MB/s, the 4 KiB one
+//     1.02× rstream's in both.
+func (p *poller) answerSpinPolls() int {
 	if p.outside {
 		return p.spin * outsideYieldEvery
 	}

@@ -2,6 +2,7 @@ package rdma
 
 import (
 	"testing"
+	"testing/synctest"
 
 	"github.com/stretchr/testify/require"
 
@@ -113,14 +114,15 @@ func TestPause(t *testing.T) {
 	}
 }
 
-// TestReadSpinOutside: on a CQ filled outside, a Read's spin counts yields: it makes
-// outsideYieldEvery times as many polls before it parks; a Write's wait (for room)
-// makes the poller's spin in polls, as every wait on any other CQ does.
-func TestReadSpinOutside(t *testing.T) {
+// TestAnswerSpinOutside: on a CQ filled outside, the spin of a Read that waits for an
+// answer counts yields: it makes outsideYieldEvery times as many polls before it
+// parks; any other wait makes the poller's spin in polls, as every wait on any other
+// CQ does.
+func TestAnswerSpinOutside(t *testing.T) {
 	for _, tc := range []struct {
-		name        string
-		cq          completionQueue
-		read, write int
+		name          string
+		cq            completionQueue
+		answer, other int
 	}{
 		{"soft", newFakeCQ(), 5, 5},
 		{"filled outside", outsideCQ{newFakeCQ()}, 5 * outsideYieldEvery, 5},
@@ -129,17 +131,53 @@ func TestReadSpinOutside(t *testing.T) {
 			p := newFakePoller(nil, 64, 5)
 			p.cq, p.outside = tc.cq, filledOutside(tc.cq)
 			c := &Conn{poll: p}
-			for _, read := range []bool{true, false} {
-				s := spin{c: c, read: read}
+			for _, answer := range []bool{true, false} {
+				s := spin{c: c, answer: answer}
 				polls := 0
 				for s.more() {
 					polls++
 				}
 				s.end()
-				want := map[bool]int{true: tc.read, false: tc.write}[read]
-				require.Equal(t, want, polls, "polls of a waiter (a Read: %v) before it parks", read)
+				want := map[bool]int{true: tc.answer, false: tc.other}[answer]
+				require.Equal(t, want, polls, "polls of a waiter (an answer: %v) before it parks", answer)
 				require.Zero(t, p.spinners.Load(), "slots held after the spin")
 			}
 		})
 	}
+}
+
+// TestReadAfterWriteAwaitsAnswer: a Read that follows a Write on the same Conn waits
+// for an answer, once; a Read that follows a Read does not. On a CQ filled outside,
+// the first spins outsideYieldEvery times as long before it parks as the second.
+func TestReadAfterWriteAwaitsAnswer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, cq, q := pollingConn(t, 3)
+		c.poll.outside = true
+		c.poll.sched = &countingYielder{}
+		arrivals := 0
+		waitedPolls := func() uint64 { // a Read that finds nothing: its empty polls before it parks
+			t.Helper()
+			before := c.poll.emptied.Load()
+			done := make(chan string, 1)
+			go func() {
+				buf := make([]byte, 16)
+				n, _ := c.Read(buf)
+				done <- string(buf[:n])
+			}()
+			synctest.Wait() // parked on readable
+			polls := c.poll.emptied.Load() - before
+			copy(c.ring[arrivals:], "x") // one byte per arrival, from the ring's start
+			arrivals++
+			cq.push(dataArrival(t, q.qpn, uint64(arrivals), 1))
+			require.Equal(t, 1, c.poll.pollFor(q.qpn, c), "the poller's dispatch")
+			require.Equal(t, "x", <-done)
+			return polls
+		}
+		require.False(t, c.awaitsAnswer(), "a new Conn awaits an answer")
+		require.Equal(t, uint64(3), waitedPolls(), "a Read with no Write before it")
+		_, err := c.Write([]byte("q"))
+		require.NoError(t, err)
+		require.Equal(t, uint64(3*outsideYieldEvery), waitedPolls(), "a Read after a Write")
+		require.Equal(t, uint64(3), waitedPolls(), "a second Read after that Write")
+	})
 }

@@ -44,8 +44,8 @@ type Options struct {
 	// PollSpin is how many empty polls a poller makes, yielding between them, before it
 	// sleeps on the completion channel, and how many a waiting Read or Write makes
 	// before it parks (conn_poll.go). On a CQ filled outside the process (verbs/ibv's),
-	// where a spinner yields once every few polls, a waiting Read's spin counts yields
-	// (poller_yield.go). Default 64; negative means never spin.
+	// where a spinner yields once every few polls, the spin of a Read that waits for an
+	// answer counts yields (poller_yield.go). Default 64; negative means never spin.
 	PollSpin int
 	// ReadBufferSize is how many bytes a Conn holds in unpinned memory, beyond its ring,
 	// for an application that is not reading (see "Buffering" in the package docs).
