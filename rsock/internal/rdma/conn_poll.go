@@ -25,8 +25,12 @@ import "runtime"
 
 // awaitsAnswer reports whether a Read waits for an answer: this side has written since
 // the last Read began, so that what it waits for is likely the peer's reply, a round
-// trip away, rather than the next piece of a stream. It clears the mark.
-func (c *Conn) awaitsAnswer() bool { return c.wrote.Load() && c.wrote.Swap(false) }
+// trip away, rather than the next piece of a stream. It clears the mark. Only a CQ
+// filled outside the process spins an answer longer (answerSpinPolls): on any other,
+// nothing looks at the mark, and a Read neither reads nor clears it.
+func (c *Conn) awaitsAnswer() bool {
+	return c.poll != nil && c.poll.outside && c.wrote.Load() && c.wrote.Swap(false)
+}
 
 // markWrote notes a Write for awaitsAnswer, without writing the flag's cache line
 // again while it is set.

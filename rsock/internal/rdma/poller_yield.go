@@ -66,9 +66,9 @@ const (
 //     at 35.0–36.5 and 22.5–24.2 MB/s;
 //   - every spin in polls (two boots): the round trip at 970–1040 µs, as the spin
 //     ended 8 times sooner, and the streams at 44.6–51.3 and 32.9–35.0 MB/s;
-//   - every Read's spin in yields, the rest in polls (four boots): the round trip at
-//     158–212 µs, and the streams at 41.6–42.8 and 27.7–30.5 MB/s, the 4 KiB one below
-//     rstream's in all four;
+//   - every Read's spin in yields, the rest in polls (two such boots and two of CI's,
+//     which run the tests too): the round trip at 158–212 µs, and the streams at
+//     41.6–42.8 and 27.7–30.5 MB/s, the 4 KiB one below rstream's in all four;
 //   - only an answer's in yields, the rest in polls (this; two boots): the round trip
 //     at 214–234 µs, and the streams at 38.6–41.6 and 30.3–30.7 MB/s, the 4 KiB one
 //     1.02× rstream's in both.

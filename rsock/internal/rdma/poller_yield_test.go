@@ -146,9 +146,9 @@ func TestAnswerSpinOutside(t *testing.T) {
 	}
 }
 
-// TestReadAfterWriteAwaitsAnswer: a Read that follows a Write on the same Conn waits
-// for an answer, once; a Read that follows a Read does not. On a CQ filled outside,
-// the first spins outsideYieldEvery times as long before it parks as the second.
+// TestReadAfterWriteAwaitsAnswer: on a CQ filled outside, a Read that follows a Write
+// on the same Conn waits for an answer, once, and spins outsideYieldEvery times as
+// long before it parks as a Read that follows a Read. On any other CQ, no Read does.
 func TestReadAfterWriteAwaitsAnswer(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c, cq, q := pollingConn(t, 3)
@@ -179,5 +179,13 @@ func TestReadAfterWriteAwaitsAnswer(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, uint64(3*outsideYieldEvery), waitedPolls(), "a Read after a Write")
 		require.Equal(t, uint64(3), waitedPolls(), "a second Read after that Write")
+
+		// On a CQ this process fills, nothing spins an answer longer: a Read neither
+		// takes the mark nor reads it.
+		c.poll.outside = false
+		_, err = c.Write([]byte("q"))
+		require.NoError(t, err)
+		require.False(t, c.awaitsAnswer(), "an answer awaited on a CQ not filled outside")
+		require.True(t, c.wrote.Load(), "the mark taken on a CQ not filled outside")
 	})
 }
