@@ -175,14 +175,67 @@
 // When to resize is the engine's policy, not the protocol's: it can grow a ring a
 // stream keeps full and shrink it when the connection idles.
 //
+// # Direct placement
+//
+// A receiver copies every byte out of its ring into the application's buffer. For a
+// large Read that copy can be skipped: the receiver advertises the Read's buffer, and
+// the sender writes the next bytes of the stream straight into it. Four operations of
+// one kind (KindPlace, the operation in the immediate) do it:
+//
+//   - An advertisement, from the receiver, with nothing buffered: the buffer's length
+//     (in PlaceUnits) in the immediate, and an [AdvertLen]-byte payload the engine
+//     defines (where the buffer is, its key, and the low half of the stream cursor the
+//     buffer continues: the bytes arrived so far) to the sender's mailbox.
+//   - Placed bytes, from the sender: an RDMA_WRITE_WITH_IMM of up to the buffer's
+//     length into the buffer, from its start.
+//   - A decline, from the sender: the advertisement will not be used.
+//   - A cancel, from the receiver: answer now.
+//
+// The rules:
+//
+//  1. The sender places only while its producer cursor equals the advertised cursor:
+//     everything it wrote to the ring has arrived, and nothing is in flight. Placed
+//     bytes then follow every ring byte the receiver holds, and the receiver, having
+//     nothing buffered when it advertised, returns them next. Placed bytes move no
+//     cursor and take no ring credit: the ring is not touched, so the credit units and
+//     everything above about ring credit stand unchanged.
+//  2. Every advertisement gets exactly one answer, in the sender's order: placed bytes,
+//     a decline, or the sender's FIN. A sender that writes to the ring while an
+//     advertisement is unanswered declines it (its cursor has moved past it), and so
+//     does a sender that receives one whose cursor it has already written past; a
+//     cancel is answered with a decline unless the answer is already on its way. The
+//     receiver advertises again only after the answer, so the mailbox holds one
+//     advertisement at a time, read at its arrival.
+//  3. Data or the FIN arriving while an advertisement is unanswered proves the sender
+//     will not place into it (rule 1: its cursor moved past, or it closed): the buffer
+//     is the application's again at once ([Endpoint.AdvertUsable]), though the answer
+//     is still to come. Placed bytes after that are a protocol violation.
+//
+// Nothing is lost or duplicated: a byte goes either to the ring, at its cursor, or into
+// the one usable buffer, at the cursor the buffer continues; the receiver returns
+// buffered ring bytes before placed ones and placed ones before ring bytes that arrive
+// after them, which is the order they were written in, since the connection delivers
+// in order. No placement lands in a buffer the receiver no longer expects it in: a
+// buffer stops being usable only by an answer, by data or the FIN (rule 3), which come
+// after any placement into it, or by the receiver's deregistering it after its
+// connection failed. Every placement operation spends WQE credit as data does, never
+// the reserve, like the resize and the switch, so the credit argument above covers them.
+// They carry WQE credit back; their ring-credit field holds the operation, so owed ring
+// credit waits for the next message.
+//
+// The model tests run placement with the rest: advertisements at every point a
+// receiver may make them, placements and ring writes racing them, cancels, and FINs,
+// with the invariants above plus: placed bytes land only in a usable buffer, and
+// every advertisement is answered.
+//
 // # A misbehaving peer
 //
 // Nothing the peer sends is trusted. [Endpoint.OnArrival] rejects an immediate that does
 // not decode or does not match its byte length ([ErrMalformed]), data beyond the ring
 // space granted ([ErrRingOverrun]), more messages than WQEs granted ([ErrWQEOverrun]),
 // credit for bytes or messages never sent ([ErrCreditOverflow]) and data or a second FIN
-// after the FIN ([ErrAfterFIN]), and a resize or switch out of turn or to a ring out of
-// range ([ErrBadResize]). The error is sticky; the engine closes the connection.
+// after the FIN ([ErrAfterFIN]), a resize or switch out of turn or to a ring out of
+// range ([ErrBadResize]), and a placement out of turn ([ErrBadPlace]). The error is sticky; the engine closes the connection.
 //
 // # Usage
 //

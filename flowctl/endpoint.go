@@ -28,7 +28,8 @@ const (
 const ringUnitsLog2 = 19
 
 // Errors. Every error [Endpoint.OnArrival] returns wraps one of ErrMalformed,
-// ErrRingOverrun, ErrWQEOverrun, ErrCreditOverflow, ErrAfterFIN or ErrBadResize: the peer
+// ErrRingOverrun, ErrWQEOverrun, ErrCreditOverflow, ErrAfterFIN, ErrBadResize or
+// ErrBadPlace: the peer
 // broke the protocol, and the connection should be closed with that error.
 var (
 	// ErrBadParams reports ring or WQE parameters out of range.
@@ -50,6 +51,14 @@ var (
 	// ErrBadResize reports a resize to a ring out of range or of another credit unit,
 	// a second resize before this side switched, or a switch nobody asked for.
 	ErrBadResize = errors.New("flowctl: invalid ring resize")
+	// ErrBadPlace reports a placement message out of turn: an advertisement while the
+	// last one is unanswered or naming a cursor this side never wrote, bytes placed
+	// into a buffer that was not advertised, is no longer usable or is too small, or an
+	// answer to no advertisement.
+	ErrBadPlace = errors.New("flowctl: invalid direct placement")
+	// ErrPlaceBusy reports Advertise while bytes are buffered, an advertisement is
+	// under way, or after the peer's FIN.
+	ErrPlaceBusy = errors.New("flowctl: direct placement not possible now")
 	// ErrResizeBusy reports Resize while a resize is under way (announced and not
 	// switched, or the old ring still holding bytes) or after the peer's FIN.
 	ErrResizeBusy = errors.New("flowctl: ring resize under way")
@@ -119,7 +128,9 @@ type Piece struct {
 
 // Msg is one RDMA_WRITE_WITH_IMM to post to the peer: Len bytes (zero for most control
 // messages) written at Off in the peer's ring, with immediate Imm. A resize (Kind
-// KindResize) is the exception: its ResizeLen bytes go to the peer's mailbox.
+// KindResize) and an advertisement (KindPlace, PlaceAdvert) are the exceptions: their
+// ResizeLen or AdvertLen bytes go to the peer's mailbox; and placed bytes (KindPlace,
+// PlacePlaced) go to the buffer the peer advertised.
 type Msg struct {
 	Piece
 	Imm  uint32
@@ -132,6 +143,8 @@ type Stats struct {
 	ControlSent     uint64 // credit updates, FINs and keepalives handed out
 	DataReceived    uint64 // data messages accepted by OnArrival
 	ControlReceived uint64 // credit updates, FINs and keepalives accepted by OnArrival
+	PlacedSent      uint64 // placements handed out by ReservePlace
+	PlacedReceived  uint64 // placements accepted by OnArrival
 }
 
 // Endpoint is the flow-control state of one end of an RDMA stream: the send half (the
@@ -180,6 +193,20 @@ type Endpoint struct {
 	pol   policy
 	err   error // sticky protocol violation
 	stats Stats
+
+	// Direct placement (place.go), kept apart from the fields every message touches.
+	// Send half: the peer's advertisement.
+	peerAdvert    uint64 // length of the peer's unanswered advertisement; 0: none
+	peerAdvertAt  uint64 // the stream cursor it continues
+	peerAdvertNew bool   // it arrived and PeerAdvert has not given its cursor yet
+	declineDue    bool   // the peer's advertisement is to be declined
+	// Receive half: ours.
+	advertStale bool   // data or the FIN arrived since: the peer will not place into it
+	cancelDue   bool   // CancelAdvert asked for a cancel that is not handed out
+	canceled    bool   // the cancel is asked for or handed out
+	advertTo    uint64 // buffer length Advertise asked for, until the advertisement is handed out
+	advert      uint64 // length of our unanswered advertisement; 0: none
+	advertAt    uint64 // the cursor it continues: arrived when it was handed out
 }
 
 // policy holds the tunables of the protocol. NewEndpoint sets them from the package

@@ -29,7 +29,7 @@ func TestOnArrivalViolations(t *testing.T) {
 		want  error
 	}{
 		{"zero immediate", nil, []arrival{{0, 0}}, ErrMalformed},
-		{"unknown kind", nil, []arrival{{0, 7 << 29}}, ErrMalformed},
+		{"advertisement without its payload", nil, []arrival{{0, 7<<29 | 1}}, ErrMalformed},
 		{"credit update with bytes", nil, []arrival{{3, imm(KindCredit, 0, 0)}}, ErrMalformed},
 		{"data past a fresh ring", nil, []arrival{{ring + 1, imm(KindData, 0, 0)}}, ErrRingOverrun},
 		{"data past the ring in two writes", nil, []arrival{{ring - 1, imm(KindData, 0, 0)}, {2, imm(KindData, 0, 0)}}, ErrRingOverrun},
@@ -248,6 +248,26 @@ func FuzzPeer(f *testing.F) {
 		fuzzOp{op: 0, a: 0, b: imm(KindCredit, 9, 0)}, // peer: credit never used
 	))
 	f.Add(fuzzOps(fuzzOp{op: 0, a: 64, b: imm(KindData, 0, 0)}, fuzzOp{op: 0, a: 1, b: imm(KindData, 0, 0)}))
+	f.Add(fuzzOps(
+		fuzzOp{op: 8, a: PlaceUnit}, // advertise
+		fuzzOp{op: 4},               // hand it out
+		fuzzOp{op: 12, a: 10, b: 1}, // peer: 11 bytes placed
+		fuzzOp{op: 8, a: PlaceUnit}, // advertise again
+		fuzzOp{op: 4},
+		fuzzOp{op: 1, a: 5, b: 0},  // peer: data, making it stale
+		fuzzOp{op: 12, a: 0, b: 1}, // peer: placed after the data
+	))
+	f.Add(fuzzOps(
+		fuzzOp{op: 2, a: 10},                // write 10 bytes
+		fuzzOp{op: 12, a: 32, b: 0 | 1<<8},  // peer: advertisement at the cursor
+		fuzzOp{op: 11, a: 7},                // place
+		fuzzOp{op: 12, a: 33, b: 0 | 1<<8},  // peer: advertisement one byte behind
+		fuzzOp{op: 4},                       // the decline
+		fuzzOp{op: 12, a: 0, b: 3},          // peer: cancel
+		fuzzOp{op: 12, a: 0, b: 0 | 2<<8},   // peer: advertisement past the cursor
+		fuzzOp{op: 0, a: 0, b: 0xe008_0000}, // peer: raw decline
+		fuzzOp{op: 10}, fuzzOp{op: 9}, fuzzOp{op: 5},
+	))
 	f.Fuzz(func(t *testing.T, ops []byte) {
 		const ring, wqes = 64, 4
 		p := Params{RingSize: ring, RecvWQEs: wqes}
@@ -256,9 +276,9 @@ func FuzzPeer(f *testing.F) {
 		for len(ops) >= 9 {
 			op, a, b := ops[0], binary.LittleEndian.Uint32(ops[1:]), binary.LittleEndian.Uint32(ops[5:])
 			ops = ops[9:]
-			switch op % 8 {
-			case 0: // raw completion
-				fuzzArrival(t, &e, a, b)
+			switch op % 16 {
+			case 0: // raw completion; an advertisement's payload names our cursor
+				fuzzArrival(t, &e, a, b, uint32(e.prod))
 			case 1: // well-formed completion with fuzzed fields
 				kind := Kind(1 + b%4)
 				n := a % (2 * ring)
@@ -267,7 +287,7 @@ func FuzzPeer(f *testing.F) {
 				} else if n == 0 {
 					n = 1
 				}
-				fuzzArrival(t, &e, n, imm(kind, (b>>8)%8, (b>>16)%(2*ring)))
+				fuzzArrival(t, &e, n, imm(kind, (b>>8)%8, (b>>16)%(2*ring)), 0)
 			case 2:
 				r, err := e.ReserveData(int(a % (2 * ring)))
 				if err == nil && r.Bytes > int(a%(2*ring)) {
@@ -287,6 +307,31 @@ func FuzzPeer(f *testing.F) {
 				if err := e.Resize(int(a % (8 * ring))); err != nil && !errors.Is(err, ErrBadParams) && !errors.Is(err, ErrResizeBusy) && err != e.err {
 					t.Fatalf("Resize: %v", err)
 				}
+			case 8: // this side's reader advertises a buffer
+				if _, err := e.Advertise(int(a % (3 * PlaceUnit))); err != nil && !errors.Is(err, ErrBadLength) && !errors.Is(err, ErrPlaceBusy) && err != e.err {
+					t.Fatalf("Advertise: %v", err)
+				}
+			case 9:
+				e.CancelAdvert()
+			case 10:
+				e.DeclinePlace()
+			case 11: // this side's writer places
+				p := e.Placeable()
+				m, err := e.ReservePlace(int(a % uint32(p+2)))
+				switch {
+				case err == nil && (m.Len == 0 || m.Len > p || m.Kind != KindPlace):
+					t.Fatalf("ReservePlace(%d) = %+v with %d placeable", a%uint32(p+2), m, p)
+				case err != nil && !errors.Is(err, ErrBadLength) && err != e.err:
+					t.Fatalf("ReservePlace: %v", err)
+				}
+			case 12: // well-formed placement message with fuzzed fields, the cursor near ours
+				op := PlaceOp(b % 4)
+				units := uint32(0)
+				n := map[PlaceOp]uint32{PlaceAdvert: AdvertLen, PlacePlaced: 1 + a%(2*PlaceUnit)}[op]
+				if op == PlaceAdvert {
+					units = 1 + (b>>8)%4
+				}
+				fuzzArrival(t, &e, n, placeImm(op, (b>>16)%8, units), uint32(e.prod)+ring/2-a%(2*ring))
 			}
 			peerRing, ownRing = max(peerRing, e.peerRing, e.switchTo), max(ownRing, e.ring, e.resizing)
 			if e.sent > e.wqeLimit || e.granted > e.prod || e.prod-e.granted > peerRing ||
@@ -294,13 +339,28 @@ func FuzzPeer(f *testing.F) {
 				e.reaped-e.wqeReturned > wqes || e.wqeLimit-e.peerWQEs > e.sent {
 				t.Fatalf("invariant broken: %+v", e)
 			}
+			// One advertisement at a time each way, of whole units; one placeable only
+			// at our cursor, once its cursor is known.
+			if e.advertTo%PlaceUnit != 0 || e.advert%PlaceUnit != 0 || e.peerAdvert%PlaceUnit != 0 ||
+				(e.advertTo != 0 && e.advert != 0) || (e.err == nil && e.peerAdvertNew) ||
+				uint64(e.Placeable()) > e.peerAdvert || (e.Placeable() > 0 && e.peerAdvertAt != e.prod) ||
+				(e.advert != 0 && e.advertAt > e.arrived) {
+				t.Fatalf("placement invariant broken: %+v", e)
+			}
 		}
 	})
 }
 
-func fuzzArrival(t *testing.T, e *Endpoint, byteLen, im uint32) {
+// fuzzArrival passes a completion to e, and then, for an advertisement, lo32 to
+// PeerAdvert as the engine would.
+func fuzzArrival(t *testing.T, e *Endpoint, byteLen, im, lo32 uint32) {
 	before := e.err
-	_, err := e.OnArrival(byteLen, im)
+	a, err := e.OnArrival(byteLen, im)
+	if err == nil && a.Kind == KindPlace && a.Op == PlaceAdvert {
+		if err = e.PeerAdvert(lo32); err != nil && !errors.Is(err, ErrBadPlace) {
+			t.Fatalf("PeerAdvert(%#x) = %v, not a protocol violation", lo32, err)
+		}
+	}
 	switch {
 	case err == nil:
 	case before != nil:
@@ -308,7 +368,8 @@ func fuzzArrival(t *testing.T, e *Endpoint, byteLen, im uint32) {
 			t.Fatalf("OnArrival after a violation = %v, want the first error %v", err, before)
 		}
 	case !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrRingOverrun) && !errors.Is(err, ErrWQEOverrun) &&
-		!errors.Is(err, ErrCreditOverflow) && !errors.Is(err, ErrAfterFIN) && !errors.Is(err, ErrBadResize):
+		!errors.Is(err, ErrCreditOverflow) && !errors.Is(err, ErrAfterFIN) && !errors.Is(err, ErrBadResize) &&
+		!errors.Is(err, ErrBadPlace):
 		t.Fatalf("OnArrival(%d, %#08x) = %v, not a protocol violation", byteLen, im, err)
 	}
 }

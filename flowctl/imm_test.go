@@ -59,7 +59,8 @@ func TestImmRoundTrip(t *testing.T) {
 func TestImmEncodeRejects(t *testing.T) {
 	tests := []Imm{
 		{},
-		{Kind: 7},
+		{Kind: KindPlace}, // an advertisement of nothing
+		{Kind: 8},
 		{Kind: 255},
 		{Kind: KindResize, RingCredits: 1},
 		{Kind: KindResize, RingLog2: 31},
@@ -88,7 +89,7 @@ func TestDecodeImmRejects(t *testing.T) {
 		{0xa000_001f, ResizeLen},   // resize to 2^31 bytes
 		{0xa000_0100, ResizeLen},   // resize to 2^256 bytes
 		{0xc000_0000, 1},           // switch with bytes
-		{0xe000_0000, 1},           // kind 7
+		{0xe000_0000, 1},           // advertisement of nothing, with one byte
 		{0xffff_ffff, 0},           // all ones
 		{0x2000_0000, 0},           // data without bytes
 		{0x2010_0001, 0},           // data without bytes, with credit
@@ -109,7 +110,7 @@ func TestKindString(t *testing.T) {
 		want string
 	}{
 		{KindData, "data"}, {KindCredit, "credit"}, {KindFIN, "fin"}, {KindKeepalive, "keepalive"},
-		{KindResize, "resize"}, {KindSwitch, "switch"}, {0, "Kind(0)"}, {9, "Kind(9)"},
+		{KindResize, "resize"}, {KindSwitch, "switch"}, {KindPlace, "place"}, {0, "Kind(0)"}, {9, "Kind(9)"},
 	}
 	for _, tt := range tests {
 		if got := tt.k.String(); got != tt.want {
@@ -128,12 +129,26 @@ func FuzzDecodeImm(f *testing.F) {
 	f.Add(uint32(0x9fff_ffff), uint32(0))
 	f.Add(uint32(0), uint32(0))
 	f.Add(uint32(0x2000_0000), uint32(0))
+	f.Add(uint32(0xe010_0003), uint32(AdvertLen)) // advertisement of 3 units
+	f.Add(uint32(0xe000_0000), uint32(AdvertLen)) // advertisement of nothing
+	f.Add(uint32(0xe003_ffff), uint32(0))         // advertisement without its payload
+	f.Add(uint32(0xe004_0000), uint32(4096))      // placed
+	f.Add(uint32(0xe004_0000), uint32(0))         // placed, no bytes
+	f.Add(uint32(0xe004_0001), uint32(1))         // placed, naming a length
+	f.Add(uint32(0xe008_0000), uint32(0))         // decline
+	f.Add(uint32(0xe008_0000), uint32(1))         // decline with a byte
+	f.Add(uint32(0xfffc_0000), uint32(0))         // cancel
+	f.Add(uint32(0xffff_ffff), uint32(0))         // cancel naming a length
 	f.Fuzz(func(t *testing.T, imm, byteLen uint32) {
 		m, err := DecodeImm(imm, byteLen)
 		kind := Kind(imm >> 29)
+		op, units := PlaceOp(imm>>18&3), imm&(1<<18-1)
 		valid := (kind == KindData && byteLen > 0) ||
 			(kind == KindResize && byteLen == ResizeLen && imm&MaxImmRingCredits <= 30) ||
-			((kind == KindCredit || kind == KindFIN || kind == KindKeepalive || kind == KindSwitch) && byteLen == 0)
+			((kind == KindCredit || kind == KindFIN || kind == KindKeepalive || kind == KindSwitch) && byteLen == 0) ||
+			(kind == KindPlace && op == PlaceAdvert && byteLen == AdvertLen && units != 0) ||
+			(kind == KindPlace && op == PlacePlaced && byteLen > 0 && units == 0) ||
+			(kind == KindPlace && op >= PlaceDecline && byteLen == 0 && units == 0)
 		if !valid {
 			if !errors.Is(err, ErrMalformed) {
 				t.Fatalf("DecodeImm(%#08x, %d) = %+v, %v, want ErrMalformed", imm, byteLen, m, err)
@@ -143,7 +158,9 @@ func FuzzDecodeImm(f *testing.F) {
 		if err != nil {
 			t.Fatalf("DecodeImm(%#08x, %d) = %v, want success", imm, byteLen, err)
 		}
-		if m.Kind != kind || m.WQECredits > MaxImmWQECredits || m.RingCredits > MaxImmRingCredits || m.RingLog2 > 30 {
+		if m.Kind != kind || m.WQECredits > MaxImmWQECredits || m.RingCredits > MaxImmRingCredits || m.RingLog2 > 30 ||
+			m.Op > PlaceCancel || m.PlaceUnits > placeUnitsMask || (kind == KindPlace && (m.Op != op || m.PlaceUnits != units || m.RingCredits != 0)) ||
+			(kind != KindPlace && (m.Op != 0 || m.PlaceUnits != 0)) {
 			t.Fatalf("DecodeImm(%#08x, %d) = %+v, out of range", imm, byteLen, m)
 		}
 		back, err := m.Encode()

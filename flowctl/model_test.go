@@ -36,9 +36,32 @@ var deep = flag.Bool("flowctl.deep", false, "run longer model explorations")
 type mMsg struct {
 	off, n  int
 	imm     uint32
-	start   uint64 // stream cursor of the first payload byte
+	start   uint64 // data: ring cursor of the first payload byte
 	gen     int    // data: which of the receiver's rings it landed in
-	mailbox bool   // a resize: its payload went to the receiver's mailbox
+	mailbox bool   // a resize or an advertisement: its payload went to the receiver's mailbox
+	placed  int    // placed bytes: the advertisement (mBuf.id) whose buffer they landed in; else 0
+}
+
+// mBuf is a buffer of the application's that its reader advertised for direct
+// placement: lent to the peer from the advertisement's hand-out until the Endpoint
+// says the peer may no longer place into it (AdvertUsable), and the application's
+// again from then on.
+type mBuf struct {
+	id   int    // which advertisement, counting from 1; 0: none yet
+	lent bool   // the peer may write into it
+	data []byte // the bytes placed into it, from its start
+}
+
+// mAdvMail is an advertisement's payload in the writer's mailbox: what the engine
+// writes there (the buffer, which the model names by its id, and the low 32 bits of
+// the cursor) until the writer's engine reaps the advertisement and reads it. The
+// model gives it a slot of its own, beside the resize's: a reader may hand out an
+// advertisement and a resize back to back, and with one slot for both, the search
+// finds the resize written over an advertisement the writer has not reaped.
+type mAdvMail struct {
+	id   int    // 0: empty
+	at   uint64 // the whole cursor, which the model knows and the engine does not send
+	lo32 uint32
 }
 
 // mRing is one receive ring's memory: bytes written by the peer, and which of them hold
@@ -67,11 +90,23 @@ type mSide struct {
 	finIn      bool    // the peer's FIN was reaped
 	keepalives int     // keepalives the idle timer may still send
 	paused     bool    // the application is not reading for now (random runs only)
+	idle       bool    // the application is not writing for now (random runs only)
 	spill      []byte  // bytes the engine moved out of the ring, unread, oldest first
 	spillLimit int     // most bytes spill may hold; zero: the engine never spills
 	stopRead   bool    // the application stops reading after readFirst bytes
 	readFirst  uint64
+	adverts    int      // advertisements this side's reader may still make
+	buf        mBuf     // the buffer this side advertised last
+	advMail    mAdvMail // the peer's advertisement in our mailbox, not yet reaped
+	peerBuf    int      // the id of the peer's buffer our engine may place into (it reaped the advertisement)
+	peerBufAt  uint64   // the cursor that advertisement continues
+	placedOut  uint64   // stream bytes this side placed into the peer's buffers: written minus the ring cursor
+	placedIn   uint64   // stream bytes the application got by placement
 }
+
+// ringCursor is the cursor of the next byte this side writes into the peer's ring:
+// the stream bytes written, less those placed, which never touch the ring.
+func (s *mSide) ringCursor() uint64 { return s.written - s.placedOut }
 
 type model struct {
 	cfg  *modelConfig
@@ -94,6 +129,8 @@ type modelConfig struct {
 	readFirst  [2]int
 	resizes    [2]int // resizes each side's engine may ask for: to half or double its ring
 	ringRange  [2]int // smallest and largest ring a resize may name
+	adverts    [2]int // advertisements each side's reader may make when it waits for data
+	rpc        bool   // random runs: writers mostly wait for their reader to advertise
 	tweak      func(p *policy)
 }
 
@@ -119,6 +156,7 @@ func newModel(cfg *modelConfig) *model {
 		s.keepalives = cfg.keepalives
 		s.spillLimit = cfg.spill[i]
 		s.stopRead, s.readFirst = cfg.stopRead[i], uint64(cfg.readFirst[i])
+		s.adverts = cfg.adverts[i]
 	}
 	return m
 }
@@ -147,6 +185,7 @@ func (m *model) cloneInto(dst *model) *model {
 		s.rings = rings
 		s.cq = append(o.cq[:0], s.cq...)
 		s.spill = append(o.spill[:0], s.spill...)
+		s.buf.data = append(o.buf.data[:0], s.buf.data...)
 	}
 	return dst
 }
@@ -161,6 +200,10 @@ const (
 	actKeepalive                // side's idle timer sends a keepalive
 	actSpill                    // side's engine moves what Spillable says out of the ring
 	actResize                   // side's engine registers a ring of n bytes and calls Resize
+	actAdvertise                // side's reader, with nothing buffered, advertises its buffer of n bytes
+	actCancel                   // side's reader withdraws its advertisement
+	actPlace                    // side's application writes n bytes into the peer's advertised buffer
+	actDecline                  // side's engine declines the peer's advertisement
 )
 
 type action struct {
@@ -170,8 +213,8 @@ type action struct {
 }
 
 func (a action) String() string {
-	name := [...]string{"reap", "write", "read", "close", "keepalive", "spill", "resize"}[a.kind]
-	if a.kind == actWrite || a.kind == actRead || a.kind == actResize {
+	name := [...]string{"reap", "write", "read", "close", "keepalive", "spill", "resize", "advertise", "cancel", "place", "decline"}[a.kind]
+	if a.kind == actWrite || a.kind == actRead || a.kind == actResize || a.kind == actAdvertise || a.kind == actPlace {
 		return fmt.Sprintf("%d:%s(%d)", a.side, name, a.n)
 	}
 	return fmt.Sprintf("%d:%s", a.side, name)
@@ -184,8 +227,17 @@ func (m *model) actions(acts []action) []action {
 	// writes before anyone reaps" early, which is where credit runs out.
 	for i := range 2 {
 		s := &m.side[i]
-		if w := s.ep.Writable(); s.toWrite > 0 && w > 0 {
+		if w := s.ep.Writable(); s.toWrite > 0 && w > 0 && !s.idle {
 			acts = append(acts, action{actWrite, i, int(min(s.toWrite, uint64(w)))})
+		}
+		// The engine chooses between the peer's buffer and the ring: either may come
+		// first, and writing to the ring declines the buffer.
+		if p := s.ep.Placeable(); s.toWrite > 0 && p > 0 && !s.idle {
+			acts = append(acts, action{actPlace, i, int(min(s.toWrite, uint64(p)))})
+		}
+		// The engine declines in a Write that will not place (one of too few bytes).
+		if e := &s.ep; e.peerAdvert != 0 && !e.peerAdvertNew && !e.declineDue && s.toWrite > 0 && !s.idle {
+			acts = append(acts, action{actDecline, i, 0})
 		}
 		if s.close && !s.closed && s.toWrite == 0 && !(m.cfg.eagerClose && s.written > 0) {
 			acts = append(acts, action{actClose, i, 0})
@@ -209,6 +261,15 @@ func (m *model) actions(acts []action) []action {
 		if len(s.cq) > 0 {
 			acts = append(acts, action{actReap, i, 0})
 		}
+		// A reader waiting in Read with nothing buffered, in the ring or spilled, may
+		// advertise its buffer; and withdraw it at any time (a deadline, say).
+		if s.adverts > 0 && s.ep.Buffered() == 0 && len(s.spill) == 0 && !s.paused && !s.stopRead &&
+			!s.ep.AdvertPending() && !s.ep.PeerClosed() {
+			acts = append(acts, action{actAdvertise, i, PlaceUnit})
+		}
+		if s.ep.AdvertPending() && !s.ep.canceled {
+			acts = append(acts, action{actCancel, i, 0})
+		}
 		if s.resizes > 0 && s.ep.resizeBusy() == nil {
 			r := s.ep.RingSize()
 			if r/2 >= m.cfg.ringRange[0] {
@@ -223,7 +284,7 @@ func (m *model) actions(acts []action) []action {
 }
 
 // step applies a, then runs the engine's reaction: hand out control messages until
-// none is due.
+// none is due, and take back an advertised buffer the peer may no longer write.
 func (m *model) step(a action) error {
 	i := a.side
 	s, peer := &m.side[i], &m.side[1-i]
@@ -256,10 +317,14 @@ func (m *model) step(a action) error {
 				return fmt.Errorf("side %d: switch to ring %d of %d bytes, it asked for ring %d", i, s.cur, s.ep.RingSize(), len(s.rings)-1)
 			}
 		case KindFIN:
-			if peer.toWrite != 0 || s.ep.arrived != peer.written {
-				return fmt.Errorf("side %d: FIN arrived after %d bytes, peer wrote %d and has %d to go", i, s.ep.arrived, peer.written, peer.toWrite)
+			if peer.toWrite != 0 || s.ep.arrived != peer.ringCursor() {
+				return fmt.Errorf("side %d: FIN arrived after %d bytes, peer wrote %d to the ring and has %d to go", i, s.ep.arrived, peer.ringCursor(), peer.toWrite)
 			}
 			s.finIn = true
+		case KindPlace:
+			if err := m.reapPlace(i, msg, arr); err != nil {
+				return err
+			}
 		}
 	case actWrite:
 		want := min(a.n, s.ep.Writable())
@@ -272,7 +337,7 @@ func (m *model) step(a action) error {
 		}
 		pr := peer.rings[s.writeGen]
 		for _, msg := range r.Msgs[:r.Count] {
-			if want := int((s.written - s.peerBase) % uint64(len(pr.buf))); msg.Off != want {
+			if want := int((s.ringCursor() - s.peerBase) % uint64(len(pr.buf))); msg.Off != want {
 				return fmt.Errorf("side %d: data message at ring offset %d, producer cursor is at %d", i, msg.Off, want)
 			}
 			for k := range msg.Len {
@@ -286,7 +351,7 @@ func (m *model) step(a action) error {
 				pr.occ[pos] = true
 				pr.buf[pos] = pattern(i, s.written+uint64(k))
 			}
-			if err := m.post(i, mMsg{off: msg.Off, n: msg.Len, imm: msg.Imm, start: s.written, gen: s.writeGen}); err != nil {
+			if err := m.post(i, mMsg{off: msg.Off, n: msg.Len, imm: msg.Imm, start: s.ringCursor(), gen: s.writeGen}); err != nil {
 				return err
 			}
 			s.written += uint64(msg.Len)
@@ -298,6 +363,9 @@ func (m *model) step(a action) error {
 		}
 	case actRead:
 		// The engine's Read: spilled bytes first, as they are older, then the ring.
+		if s.buf.lent {
+			return fmt.Errorf("side %d: reads into buffer %d, which the peer may still write", i, s.buf.id)
+		}
 		n := a.n
 		fromSpill := min(n, len(s.spill))
 		for _, b := range s.spill[:fromSpill] {
@@ -334,6 +402,20 @@ func (m *model) step(a action) error {
 	case actClose:
 		s.ep.CloseWrite()
 		s.closed = true
+	case actPlace:
+		if err := m.place(i, a.n); err != nil {
+			return err
+		}
+	case actDecline:
+		s.ep.DeclinePlace()
+	case actAdvertise:
+		l, err := s.ep.Advertise(a.n)
+		if err != nil || l != a.n&^(PlaceUnit-1) {
+			return fmt.Errorf("side %d: Advertise(%d) = %d, %v", i, a.n, l, err)
+		}
+		s.adverts--
+	case actCancel:
+		s.ep.CancelAdvert()
 	case actResize:
 		if err := s.ep.Resize(a.n); err != nil {
 			return fmt.Errorf("side %d: Resize(%d): %w", i, a.n, err)
@@ -353,7 +435,7 @@ func (m *model) step(a action) error {
 	for range 1 << 16 {
 		msg, ok := s.ep.NextControl()
 		if !ok {
-			return nil
+			return s.giveBack(i)
 		}
 		mm := mMsg{imm: msg.Imm}
 		switch {
@@ -364,12 +446,28 @@ func (m *model) step(a action) error {
 			}
 			peer.mailbox = uint64(len(s.rings[len(s.rings)-1].buf))
 			mm.n, mm.mailbox = ResizeLen, true
+		case msg.Kind == KindPlace && msg.Len == AdvertLen:
+			// The engine lends the buffer and describes it in the peer's mailbox, with
+			// the cursor Advert names.
+			l, cursor := s.ep.Advert()
+			if imm, err := DecodeImm(msg.Imm, AdvertLen); err != nil || imm.Op != PlaceAdvert || l != int(imm.PlaceUnits)*PlaceUnit {
+				return fmt.Errorf("side %d: advertisement %+v (%v) for a buffer of %d bytes", i, imm, err, l)
+			}
+			if cursor != s.ep.arrived || s.ep.Buffered() != 0 || len(s.spill) != 0 {
+				return fmt.Errorf("side %d: advertises at cursor %d with %d bytes arrived, %d buffered and %d spilled", i, cursor, s.ep.arrived, s.ep.Buffered(), len(s.spill))
+			}
+			if peer.advMail.id != 0 {
+				return fmt.Errorf("side %d: advertisement overwrites the peer's mailbox", i)
+			}
+			s.buf = mBuf{id: s.buf.id + 1, lent: true, data: s.buf.data[:0]}
+			peer.advMail = mAdvMail{id: s.buf.id, at: cursor, lo32: uint32(cursor)}
+			mm.n, mm.mailbox = AdvertLen, true
 		case msg.Len != 0:
 			return fmt.Errorf("side %d: control message %+v has a payload", i, msg)
 		case msg.Kind == KindSwitch:
 			// Data from here on goes to the ring the peer announced, from its start.
 			s.writeGen++
-			s.peerBase = s.written
+			s.peerBase = s.ringCursor()
 			if s.writeGen >= len(peer.rings) {
 				return fmt.Errorf("side %d: switch to ring %d, the peer has %d", i, s.writeGen, len(peer.rings))
 			}
@@ -379,6 +477,99 @@ func (m *model) step(a action) error {
 		}
 	}
 	return fmt.Errorf("side %d: NextControl never stops", i)
+}
+
+// place has side i's application write n bytes into the peer's advertised buffer,
+// where ReservePlace says, as the engine does: the RDMA write lands at once.
+func (m *model) place(i, n int) error {
+	s, peer := &m.side[i], &m.side[1-i]
+	msg, err := s.ep.ReservePlace(n)
+	if err != nil {
+		return fmt.Errorf("side %d: ReservePlace(%d): %w", i, n, err)
+	}
+	if imm, err := DecodeImm(msg.Imm, uint32(msg.Len)); err != nil || imm.Op != PlacePlaced || msg.Kind != KindPlace || msg.Len != n || msg.Off != 0 {
+		return fmt.Errorf("side %d: ReservePlace(%d) = %+v (%+v, %v)", i, n, msg, imm, err)
+	}
+	b := &peer.buf
+	switch {
+	case s.peerBuf == 0 || b.id != s.peerBuf:
+		return fmt.Errorf("side %d: places into buffer %d, the peer's last is %d", i, s.peerBuf, b.id)
+	case !b.lent:
+		return fmt.Errorf("side %d: places into buffer %d, which the peer gave back to its application", i, b.id)
+	case len(b.data) != 0:
+		return fmt.Errorf("side %d: places into buffer %d a second time", i, b.id)
+	}
+	for k := range n {
+		b.data = append(b.data, pattern(i, s.written+uint64(k)))
+	}
+	if err := m.post(i, mMsg{n: n, imm: msg.Imm, placed: b.id}); err != nil {
+		return err
+	}
+	s.peerBuf = 0
+	s.written += uint64(n)
+	s.toWrite -= uint64(n)
+	s.placedOut += uint64(n)
+	if s.close && s.toWrite == 0 && m.cfg.eagerClose {
+		s.ep.CloseWrite()
+		s.closed = true
+	}
+	return nil
+}
+
+// reapPlace is side i's engine's part in a placement message it reaped: it reads an
+// advertisement out of the mailbox and hands its cursor to PeerAdvert, and hands
+// placed bytes, which are in its application's buffer, to the application.
+func (m *model) reapPlace(i int, msg mMsg, arr Arrival) error {
+	s := &m.side[i]
+	switch arr.Op {
+	case PlaceAdvert:
+		mail := s.advMail
+		if mail.id == 0 || !msg.mailbox {
+			return fmt.Errorf("side %d: advertisement with nothing in the mailbox", i)
+		}
+		s.advMail = mAdvMail{}
+		if err := s.ep.PeerAdvert(mail.lo32); err != nil {
+			return fmt.Errorf("side %d: PeerAdvert(%#x): %w", i, mail.lo32, err)
+		}
+		s.peerBuf, s.peerBufAt = mail.id, mail.at
+	case PlacePlaced:
+		b := &s.buf
+		if arr.Len != msg.n || msg.placed != b.id || !b.lent || len(b.data) != msg.n {
+			return fmt.Errorf("side %d: %d bytes placed into buffer %d (OnArrival says %d), buffer %d holds %d (lent %v)",
+				i, msg.n, msg.placed, arr.Len, b.id, len(b.data), b.lent)
+		}
+		if s.ep.AdvertPending() {
+			return fmt.Errorf("side %d: advertisement still pending after its placement", i)
+		}
+		// The Read that advertised returns them: the next bytes of the stream.
+		for _, c := range b.data {
+			if want := pattern(1-i, s.read); c != want {
+				return fmt.Errorf("side %d: placed stream byte %d is %#x, want %#x", i, s.read, c, want)
+			}
+			s.read++
+		}
+		s.placedIn += uint64(len(b.data))
+		b.lent, b.data = false, b.data[:0]
+	case PlaceDecline, PlaceCancel:
+		if arr.Len != 0 || msg.n != 0 {
+			return fmt.Errorf("side %d: %v of %d bytes", i, arr.Op, msg.n)
+		}
+	}
+	return nil
+}
+
+// giveBack returns an advertised buffer to the application once the Endpoint says
+// the peer may no longer place into it. Placed bytes that landed in it and were not
+// handed to the application would be lost, or overwritten by the application.
+func (s *mSide) giveBack(i int) error {
+	if !s.buf.lent || s.ep.AdvertUsable() {
+		return nil
+	}
+	if len(s.buf.data) != 0 {
+		return fmt.Errorf("side %d: gives buffer %d back to the application with %d placed bytes not delivered", i, s.buf.id, len(s.buf.data))
+	}
+	s.buf.lent = false
+	return nil
 }
 
 // takeRing copies the first n buffered bytes out of side i's rings, where Unread says
@@ -447,15 +638,18 @@ func (m *model) check() error {
 		inflight := uint64(len(rcvr.cq))
 		var data uint64
 		for _, msg := range rcvr.cq {
-			if !msg.mailbox {
+			if !msg.mailbox && msg.placed == 0 {
 				data += uint64(msg.n)
 			}
 		}
 		if s.sent != x.reaped+inflight {
 			return fmt.Errorf("%s: %d messages sent, %d reaped, %d in flight", dir, s.sent, x.reaped, inflight)
 		}
-		if s.prod != sender.written || s.prod != x.arrived+data {
-			return fmt.Errorf("%s: producer cursor %d, written %d, arrived %d + %d in flight", dir, s.prod, sender.written, x.arrived, data)
+		if s.prod != sender.ringCursor() || s.prod != x.arrived+data {
+			return fmt.Errorf("%s: producer cursor %d, written to the ring %d, arrived %d + %d in flight", dir, s.prod, sender.ringCursor(), x.arrived, data)
+		}
+		if err := checkPlace(dir, sender, rcvr); err != nil {
+			return err
 		}
 		// Credits toward s: carried by messages of x not yet reaped by s.
 		var wqeC, ringC uint64
@@ -488,8 +682,9 @@ func (m *model) check() error {
 		}
 		// Spilling is receiver-local: the consumer cursor counts the bytes the
 		// application read and the bytes waiting for it in spill, nothing else.
-		if rcvr.read+uint64(len(rcvr.spill)) != x.consumed {
-			return fmt.Errorf("%s: application read %d, %d spilled, consumer cursor %d", dir, rcvr.read, len(rcvr.spill), x.consumed)
+		// Placed bytes are not in the ring: they go to the application past the cursors.
+		if rcvr.read+uint64(len(rcvr.spill)) != x.consumed+rcvr.placedIn {
+			return fmt.Errorf("%s: application read %d, %d spilled, consumer cursor %d, %d placed", dir, rcvr.read, len(rcvr.spill), x.consumed, rcvr.placedIn)
 		}
 		if len(rcvr.spill) > rcvr.spillLimit {
 			return fmt.Errorf("%s: %d bytes spilled, limit %d", dir, len(rcvr.spill), rcvr.spillLimit)
@@ -509,6 +704,50 @@ func (m *model) check() error {
 	return nil
 }
 
+// checkPlace verifies direct placement from sender to rcvr: placed bytes on the wire
+// landed in the buffer rcvr lends now, and every advertisement handed out gets exactly
+// one answer, held by the sender or on its way, or the FIN.
+func checkPlace(dir direction, sender, rcvr *mSide) error {
+	s, x := &sender.ep, &rcvr.ep
+	var answers, adverts int
+	for _, msg := range rcvr.cq { // from the sender: placed bytes and declines
+		if imm, _ := DecodeImm(msg.imm, uint32(msg.n)); imm.Kind == KindPlace && (imm.Op == PlacePlaced || imm.Op == PlaceDecline) {
+			answers++
+		}
+		if msg.placed != 0 && (!rcvr.buf.lent || msg.placed != rcvr.buf.id || len(rcvr.buf.data) != msg.n) {
+			return fmt.Errorf("%s: %d bytes placed into buffer %d, the receiver lends buffer %d (%v) holding %d",
+				dir, msg.n, msg.placed, rcvr.buf.id, rcvr.buf.lent, len(rcvr.buf.data))
+		}
+	}
+	for _, msg := range sender.cq { // from the receiver: advertisements and cancels
+		if imm, _ := DecodeImm(msg.imm, uint32(msg.n)); imm.Kind == KindPlace && imm.Op == PlaceAdvert {
+			adverts++
+		}
+	}
+	held := 0
+	if s.peerAdvert != 0 {
+		held = 1
+		// A writer past the cursor can never place: it declines at once, not when the
+		// reader gives up and cancels.
+		if sender.peerBuf != 0 && sender.peerBufAt != sender.ringCursor() && !s.declineDue && !s.finRequested {
+			return fmt.Errorf("%s: the sender wrote the ring from %d to %d past buffer %d and has not declined it", dir, sender.peerBufAt, sender.ringCursor(), sender.peerBuf)
+		}
+	}
+	switch n := answers + adverts + held; {
+	case n > 1:
+		return fmt.Errorf("%s: %d answers on the way, %d advertisements, %d held by the sender", dir, answers, adverts, held)
+	case x.advert != 0 && n == 0 && !s.finRequested:
+		return fmt.Errorf("%s: an advertisement nobody will answer", dir)
+	case x.advert == 0 && answers+held != 0:
+		return fmt.Errorf("%s: an answer to no advertisement (%d on the way, %d held)", dir, answers, held)
+	case x.advert == 0 && adverts != 0 && !s.finRequested:
+		return fmt.Errorf("%s: an advertisement on the way that the receiver no longer counts", dir)
+	case rcvr.buf.lent && (x.advert == 0 || !x.AdvertUsable()):
+		return fmt.Errorf("%s: buffer %d lent to the sender, the Endpoint has advertised %d (usable %v)", dir, rcvr.buf.id, x.advert, x.AdvertUsable())
+	}
+	return nil
+}
+
 // done reports why m, where nothing can happen any more, is not a finished exchange.
 func (m *model) done() error {
 	for i := range 2 {
@@ -517,6 +756,12 @@ func (m *model) done() error {
 		// that comes back whether or not anyone reads.
 		if s.ep.Resizing() || s.ep.switchDue {
 			return fmt.Errorf("deadlock: side %d's resize never completed (asked %d, announced %d, switch due %v)", i, s.ep.resizeTo, s.ep.resizing, s.ep.switchDue)
+		}
+		// Every advertisement is answered, by placed bytes, a decline or the FIN, and
+		// its buffer is the application's again.
+		if e := &s.ep; e.AdvertPending() || s.buf.lent || e.peerAdvert != 0 || e.declineDue || e.cancelDue || s.advMail.id != 0 {
+			return fmt.Errorf("deadlock: an advertisement of side %d's never answered (asked %d, advertised %d, lent %v), or of side %d's (held %d, decline due %v)",
+				i, e.advertTo, e.advert, s.buf.lent, 1-i, e.peerAdvert, e.declineDue)
 		}
 		if peer.stopRead {
 			// The peer's application stops reading: the writer gets rid of everything, or
@@ -559,10 +804,13 @@ func (m *model) key(h *maphash.Hash, b []byte) (uint64, []byte) {
 		b = appendKey(b, e.prod, e.granted, e.sent, e.wqeLimit, e.arrived, e.consumed, e.returned, e.reaped, e.wqeReturned,
 			s.toWrite, uint64(s.keepalives), uint64(len(s.cq)), uint64(len(s.spill)), s.read,
 			e.peerRing, e.peerBase, e.switchTo, e.ring, e.ringBase, e.oldRing, e.switchAt, e.resizeTo, e.resizing,
-			uint64(s.resizes), uint64(s.cur), uint64(s.writeGen), s.mailbox, uint64(len(s.rings)))
-		b = append(b, flags(e.finRequested, e.finSent, e.peerFIN, s.closed, s.finIn, e.switchDue))
+			uint64(s.resizes), uint64(s.cur), uint64(s.writeGen), s.mailbox, uint64(len(s.rings)),
+			e.peerAdvert, e.peerAdvertAt, e.advertTo, e.advert, e.advertAt, uint64(s.adverts),
+			uint64(s.buf.id), uint64(len(s.buf.data)), uint64(s.advMail.id), uint64(s.advMail.lo32), uint64(s.peerBuf), s.peerBufAt, s.placedOut, s.placedIn)
+		b = append(b, flags(e.finRequested, e.finSent, e.peerFIN, s.closed, s.finIn, e.switchDue),
+			flags(e.peerAdvertNew, e.declineDue, e.advertStale, e.cancelDue, e.canceled, s.buf.lent))
 		for _, msg := range s.cq {
-			b = appendKey(b, uint64(msg.off), uint64(msg.n), uint64(msg.imm))
+			b = appendKey(b, uint64(msg.off), uint64(msg.n), uint64(msg.imm), uint64(msg.placed))
 		}
 	}
 	h.Reset()
@@ -593,6 +841,7 @@ type exploreResult struct {
 	terminal  int // states where nothing can happen
 	maxDepth  int
 	ctrlSent  uint64 // most control messages on any path explored
+	placed    int    // terminal states some bytes reached by direct placement
 	truncated bool
 }
 
@@ -639,6 +888,9 @@ func explore(cfg *modelConfig, maxDepth, maxStates int) (exploreResult, error) {
 		if len(acts) == 0 {
 			res.terminal++
 			res.ctrlSent = max(res.ctrlSent, m.side[0].ep.stats.ControlSent+m.side[1].ep.stats.ControlSent)
+			if m.side[0].placedOut+m.side[1].placedOut != 0 {
+				res.placed++
+			}
 			if err := m.done(); err != nil {
 				return fmt.Errorf("%w\npath: %s", err, trace())
 			}
@@ -647,10 +899,10 @@ func explore(cfg *modelConfig, maxDepth, maxStates int) (exploreResult, error) {
 		// Every size of every write (up to maxWrite) and read.
 		for i := 0; i < len(acts); i++ {
 			a := acts[i]
-			if a.kind == actWrite && cfg.maxWrite > 0 && a.n > cfg.maxWrite {
+			if (a.kind == actWrite || a.kind == actPlace) && cfg.maxWrite > 0 && a.n > cfg.maxWrite {
 				a.n = cfg.maxWrite
 			}
-			if (a.kind == actWrite || a.kind == actRead) && a.n > 1 && a.kind != actResize {
+			if (a.kind == actWrite || a.kind == actRead || a.kind == actPlace) && a.n > 1 {
 				acts = append(acts, action{a.kind, a.side, a.n - 1})
 			}
 			for len(scratch) <= depth+1 {
@@ -678,7 +930,8 @@ func explore(cfg *modelConfig, maxDepth, maxStates int) (exploreResult, error) {
 // exhaustiveConfigs are small enough to search completely in seconds, and between them
 // exercise wrap-around, writes split at the ring's end, the minimum WQE count, FIN
 // waiting for credit, asymmetric sides, multi-byte ring units, credit that does not fit
-// one immediate and keepalives. Paths through them run from 30 to 50 steps.
+// one immediate, keepalives, spilling, resizing and direct placement. Paths through them
+// run from 30 to 50 steps.
 func exhaustiveConfigs() []*modelConfig {
 	cfgs := []*modelConfig{
 		{name: "both ways, 2-byte rings, FIN right after the last write", ring: [2]int{2, 2}, wqes: [2]int{4, 4},
@@ -711,6 +964,17 @@ func exhaustiveConfigs() []*modelConfig {
 			total: [2]uint64{2, 1}, close: [2]bool{true, false}, resizes: [2]int{1, 1}, ringRange: [2]int{2, 4}, maxWrite: 2},
 		{name: "resize: toward a side that never reads, spilling", ring: [2]int{4, 4}, wqes: [2]int{4, 4},
 			total: [2]uint64{10, 0}, spill: [2]int{0, 4}, stopRead: [2]bool{false, true}, resizes: [2]int{0, 2}, ringRange: [2]int{2, 8}, maxWrite: 3},
+		// Direct placement: a reader with nothing buffered advertises its buffer at any
+		// point, the writer places into it or writes the ring (or declines), the reader
+		// cancels at any point, and the FIN answers what is left.
+		{name: "place: one way, two advertisements, no FIN", ring: [2]int{4, 4}, wqes: [2]int{4, 4},
+			total: [2]uint64{4, 0}, adverts: [2]int{0, 2}, maxWrite: 2},
+		{name: "place: one way, FIN right after the last write", ring: [2]int{2, 2}, wqes: [2]int{4, 4},
+			total: [2]uint64{4, 0}, close: [2]bool{true, false}, eagerClose: true, adverts: [2]int{0, 2}, maxWrite: 2},
+		{name: "place: both ways, both advertise, CloseWrite at any time", ring: [2]int{2, 2}, wqes: [2]int{4, 4},
+			total: [2]uint64{1, 1}, close: [2]bool{true, true}, adverts: [2]int{1, 1}, maxWrite: 1},
+		{name: "place: one way, while the ring is resized", ring: [2]int{2, 2}, wqes: [2]int{4, 4},
+			total: [2]uint64{3, 0}, close: [2]bool{true, false}, resizes: [2]int{0, 1}, ringRange: [2]int{2, 4}, adverts: [2]int{0, 1}, maxWrite: 2},
 	}
 	if *deep {
 		cfgs = append(cfgs,
@@ -718,6 +982,8 @@ func exhaustiveConfigs() []*modelConfig {
 				total: [2]uint64{5, 4}, close: [2]bool{true, true}, maxWrite: 3},
 			&modelConfig{name: "deep: both ways, 5 and 4 WQEs, keepalives", ring: [2]int{4, 4}, wqes: [2]int{5, 4},
 				total: [2]uint64{4, 3}, keepalives: 1, maxWrite: 4},
+			&modelConfig{name: "deep: place both ways, CloseWrite at any time", ring: [2]int{2, 2}, wqes: [2]int{4, 4},
+				total: [2]uint64{2, 1}, close: [2]bool{true, true}, adverts: [2]int{1, 1}, maxWrite: 2},
 			&modelConfig{name: "deep: asymmetric, small immediates", ring: [2]int{4, 16}, wqes: [2]int{4, 7}, unitShift: [2]uint{0, 2},
 				total: [2]uint64{6, 3}, close: [2]bool{true, true}, eagerClose: true, maxWrite: 6,
 				tweak: func(p *policy) { p.maxWQE, p.maxRing = p.wqeUpdate, 1 }},
@@ -737,7 +1003,11 @@ func TestModelExhaustive(t *testing.T) {
 			require.NoError(t, err)
 			require.False(t, res.truncated, "state space larger than %d states", maxStates)
 			require.Positive(t, res.terminal)
-			t.Logf("%d states, %d terminal, longest path %d, at most %d control messages", res.states, res.terminal, res.maxDepth, res.ctrlSent)
+			if cfg.adverts != [2]int{} {
+				require.Positive(t, res.placed, "no path placed a byte")
+			}
+			t.Logf("%d states, %d terminal (%d with bytes placed), longest path %d, at most %d control messages",
+				res.states, res.terminal, res.placed, res.maxDepth, res.ctrlSent)
 		})
 	}
 }
@@ -817,14 +1087,26 @@ func runRandom(m *model, rng *rand.Rand, steps int) (int, error) {
 			s := &m.side[rng.IntN(2)]
 			s.paused = !s.paused
 		}
+		if pauses && rng.IntN(50) == 0 {
+			// A writer that pauses lets its reader catch up and wait, advertising.
+			s := &m.side[rng.IntN(2)]
+			s.idle = !s.idle
+		}
 		acts = m.actions(acts[:0])
 		if len(acts) == 0 {
 			return false, nil
 		}
-		a := acts[rng.IntN(len(acts))]
-		if (a.kind == actWrite || a.kind == actRead) && rng.IntN(3) != 0 {
+		a, ok := m.towardPlacement(rng, acts, acts[rng.IntN(len(acts))], pauses)
+		if !ok {
+			return true, nil
+		}
+		if (a.kind == actWrite || a.kind == actRead || a.kind == actPlace) && rng.IntN(3) != 0 {
 			// Often whole writes and read-everything readers, else any size.
 			a.n = 1 + rng.IntN(a.n)
+		}
+		if a.kind == actAdvertise {
+			// Buffers of one to four units, asked for in lengths Advertise rounds down.
+			a.n = PlaceUnit*(1+rng.IntN(4)) + rng.IntN(PlaceUnit)
 		}
 		n++
 		if err := m.step(a); err != nil {
@@ -838,9 +1120,11 @@ func runRandom(m *model, rng *rand.Rand, steps int) (int, error) {
 	for range steps {
 		if ok, err := pick(true); err != nil || !ok {
 			if err == nil {
-				// Stuck while a reader is paused is expected; resume and go on.
-				if m.side[0].paused || m.side[1].paused {
-					m.side[0].paused, m.side[1].paused = false, false
+				// Stuck while an application is paused is expected; resume and go on.
+				if m.side[0].paused || m.side[1].paused || m.side[0].idle || m.side[1].idle {
+					for i := range 2 {
+						m.side[i].paused, m.side[i].idle = false, false
+					}
 					continue
 				}
 				return n, m.done()
@@ -848,7 +1132,9 @@ func runRandom(m *model, rng *rand.Rand, steps int) (int, error) {
 			return n, err
 		}
 	}
-	m.side[0].paused, m.side[1].paused = false, false
+	for i := range 2 {
+		m.side[i].paused, m.side[i].idle = false, false
+	}
 	limit := n + 1_000_000
 	for n < limit {
 		ok, err := pick(false)
@@ -862,9 +1148,43 @@ func runRandom(m *model, rng *rand.Rand, steps int) (int, error) {
 	return n, errors.New("livelock: the drain never ends")
 }
 
+// towardPlacement steers a random run toward direct placement, which needs a reader
+// waiting with nothing buffered and a writer with bytes to write when the
+// advertisement reaches it. Of the actions acts, a was drawn; towardPlacement mostly
+// draws again for a cancel or a decline (an idle writer resumes instead of its reader
+// canceling) and for an advertisement toward a writer with nothing left to write, and
+// half the time has a writer that may place do so rather than write the ring. In the
+// workload phase of rpc runs, it mostly holds writers back, reporting false for no
+// step, until their reader advertises, as a server answers a client that waits.
+func (m *model) towardPlacement(rng *rand.Rand, acts []action, a action, workload bool) (action, bool) {
+	for (a.kind == actCancel || a.kind == actDecline) && rng.IntN(32) != 0 {
+		if peer := &m.side[1-a.side]; a.kind == actCancel && peer.idle {
+			peer.idle = false
+			return a, false
+		}
+		a = acts[rng.IntN(len(acts))]
+	}
+	if a.kind == actAdvertise && m.side[1-a.side].toWrite == 0 && rng.IntN(8) != 0 {
+		a = acts[rng.IntN(len(acts))]
+	}
+	if a.kind == actWrite && rng.IntN(2) == 0 {
+		for _, b := range acts {
+			if b.kind == actPlace && b.side == a.side {
+				a = b
+			}
+		}
+	}
+	if w, r := &m.side[a.side], &m.side[1-a.side]; workload && m.cfg.rpc && a.kind == actWrite &&
+		w.ep.peerAdvert == 0 && r.adverts > 0 && !r.stopRead && rng.IntN(8) != 0 {
+		return a, false
+	}
+	return a, true
+}
+
 // randomConfig draws a configuration: tiny rings that wrap constantly, rings as small as
 // the engine's, WQE counts from the minimum up, ring units above a byte, immediates too
-// small for the owed credit, and rings resized at random times.
+// small for the owed credit, rings resized at random times, and readers that advertise
+// their buffers for direct placement, of one to four PlaceUnits.
 func randomConfig(rng *rand.Rand) *modelConfig {
 	cfg := &modelConfig{name: "random", keepalives: rng.IntN(4)}
 	for i := range 2 {
@@ -894,6 +1214,14 @@ func randomConfig(rng *rand.Rand) *modelConfig {
 			cfg.resizes[i] = rng.IntN(6)
 		}
 	}
+	if rng.IntN(3) != 0 {
+		// Readers that advertise their buffers when they wait for data, and writers
+		// that, like a server's, mostly write when their reader waits.
+		for i := range 2 {
+			cfg.adverts[i] = rng.IntN(40)
+		}
+		cfg.rpc = rng.IntN(2) == 0
+	}
 	if rng.IntN(3) == 0 {
 		// Immediates that hold little: owed credit is carried over several messages. An
 		// update must still return the WQE credit that made it due, or updates would
@@ -905,11 +1233,11 @@ func randomConfig(rng *rand.Rand) *modelConfig {
 }
 
 func TestModelRandom(t *testing.T) {
-	runs, steps := 150, 3000
+	runs, steps := 250, 3000
 	if *deep {
 		runs, steps = 5000, 20000
 	}
-	total, switches := 0, 0
+	total, switches, placed := 0, 0, uint64(0)
 	for run := range runs {
 		seed := uint64(run)
 		rng := rand.New(rand.NewPCG(seed, 0x5eed))
@@ -919,9 +1247,11 @@ func TestModelRandom(t *testing.T) {
 		require.NoError(t, err, "seed %d, config %+v", seed, *cfg)
 		total += n
 		switches += m.side[0].cur + m.side[1].cur
+		placed += m.side[0].ep.stats.PlacedSent + m.side[1].ep.stats.PlacedSent
 	}
-	t.Logf("%d runs, %d steps, %d rings switched", runs, total, switches)
+	t.Logf("%d runs, %d steps, %d rings switched, %d placements", runs, total, switches, placed)
 	require.Positive(t, switches, "no run resized a ring")
+	require.Positive(t, placed, "no run placed bytes")
 }
 
 // TestModelCreditRatio runs a steady one-way stream and bounds the credit-only messages

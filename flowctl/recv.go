@@ -8,11 +8,17 @@ import (
 // Arrival describes a message OnArrival accepted.
 type Arrival struct {
 	Kind Kind
-	// Piece is where a data message's bytes landed in our ring; zero for other kinds.
+	// Piece is where a data message's bytes landed in our ring. For bytes placed into
+	// an advertised buffer (KindPlace, PlacePlaced), Len is how many, from the
+	// buffer's start, and Off is zero. Zero for other kinds.
 	Piece
 	// Credited reports that the message returned send credit: writers waiting for
 	// credit, and a pending FIN, may now proceed.
 	Credited bool
+	// Op is the operation of a placement message (Kind KindPlace). After an
+	// advertisement the engine reads its payload and calls PeerAdvert at once. Placed
+	// bytes (Piece.Len) follow every byte of the ring already arrived.
+	Op PlaceOp
 }
 
 // OnArrival accounts for one receive completion from the peer: byteLen and imm are the
@@ -23,8 +29,8 @@ type Arrival struct {
 //
 // A data message's bytes are now readable (see Unread). Credit the message carries is
 // applied to the send half. Any error is a protocol violation by the peer, wrapping one
-// of ErrMalformed, ErrRingOverrun, ErrWQEOverrun, ErrCreditOverflow, ErrAfterFIN or
-// ErrBadResize; the Endpoint then stays failed and the connection should be closed with
+// of ErrMalformed, ErrRingOverrun, ErrWQEOverrun, ErrCreditOverflow, ErrAfterFIN,
+// ErrBadResize or ErrBadPlace; the Endpoint then stays failed and the connection should be closed with
 // that error.
 func (e *Endpoint) OnArrival(byteLen, imm uint32) (Arrival, error) {
 	if e.err != nil {
@@ -62,6 +68,10 @@ func (e *Endpoint) OnArrival(byteLen, imm uint32) (Arrival, error) {
 		if e.resizing == 0 && !e.pol.resizeEarly {
 			return e.fail(fmt.Errorf("%w: switch without a resize", ErrBadResize))
 		}
+	case KindPlace:
+		if err := e.onPlace(m, n); err != nil {
+			return e.fail(err)
+		}
 	}
 	w := uint64(m.WQECredits)
 	if used := e.sent - (e.wqeLimit - e.peerWQEs); w > used {
@@ -81,9 +91,18 @@ func (e *Endpoint) OnArrival(byteLen, imm uint32) (Arrival, error) {
 		a.Piece = Piece{Off: int((e.arrived - e.ringBase) & (e.ring - 1)), Len: int(n)}
 		e.arrived += n
 		e.stats.DataReceived++
+		if e.advert != 0 || e.advertTo != 0 {
+			// The peer wrote past the advertisement's cursor: it will not place into it.
+			e.advertTo, e.advertStale = 0, true
+		}
 		return a, nil
 	case KindFIN:
 		e.peerFIN = true
+		// The FIN answers an advertisement: nothing follows it.
+		e.advertTo, e.advert, e.cancelDue = 0, 0, false
+	case KindPlace:
+		e.placeArrived(m, n, &a)
+		return a, nil
 	case KindResize:
 		e.switchDue, e.switchTo = true, uint64(1)<<m.RingLog2
 	case KindSwitch:

@@ -64,6 +64,9 @@ func (e *Endpoint) ReserveData(n int) (Reservation, error) {
 		e.stats.DataSent++
 		want -= l
 	}
+	if r.Count > 0 && e.peerAdvert != 0 {
+		e.declineDue = true // our cursor moved past it: it can never be used
+	}
 	return r, nil
 }
 
@@ -86,21 +89,26 @@ func (e *Endpoint) Writable() int {
 // NextControl hands out the FIN as soon as a WQE credit allows. Because the caller posts
 // messages in the order they are handed out, the FIN follows all data. Calling it again
 // does nothing.
-func (e *Endpoint) CloseWrite() { e.finRequested = true }
+func (e *Endpoint) CloseWrite() {
+	e.finRequested = true
+	e.peerAdvert, e.declineDue = 0, false // the FIN answers it
+}
 
 // FINPending reports whether CloseWrite was called but the FIN has not been handed out
 // yet, because no WQE credit was available.
 func (e *Endpoint) FINPending() bool { return e.finRequested && !e.finSent }
 
 // NextControl hands out the next control message to post, if one is due and may be sent:
-// the switch answering a peer's resize, the FIN after CloseWrite, the resize Resize asked
-// for, else a standalone credit update when this side owes the peer half its WQEs or half
+// the switch answering a peer's resize, the FIN after CloseWrite, the answer or cancel
+// of a placement, the advertisement Advertise asked for, the resize Resize asked for,
+// else a standalone credit update when this side owes the peer half its WQEs or half
 // its ring (see the package docs). Like every message, it carries all the credit that
 // fits in its immediate. The caller must post it before handing out any other message; a
 // resize (Kind KindResize) goes to the peer's mailbox with the new ring's description.
 //
 // Call it in a loop until it returns false after every event that can change the answer:
-// OnArrival, Consume, CloseWrite, Resize. A false answer with a message due means the WQE
+// OnArrival, Consume, CloseWrite, Resize, Advertise, CancelAdvert, DeclinePlace,
+// ReserveData. A false answer with a message due means the WQE
 // credit it needs is on its way; the arrival that brings it is such an event.
 func (e *Endpoint) NextControl() (Msg, bool) {
 	if e.err != nil {
@@ -123,6 +131,18 @@ func (e *Endpoint) NextControl() (Msg, bool) {
 		}
 		e.finSent = true
 		return e.control(KindFIN), true
+	case e.declineDue && dataCredit:
+		e.peerAdvert, e.declineDue = 0, false
+		return e.placeControl(PlaceDecline), true
+	case e.cancelDue && dataCredit:
+		e.cancelDue = false
+		return e.placeControl(PlaceCancel), true
+	case e.advertTo != 0 && dataCredit:
+		m := e.placeControl(PlaceAdvert)
+		m.Len = AdvertLen
+		e.advert, e.advertAt, e.advertTo = e.advertTo, e.arrived, 0
+		e.advertStale, e.canceled = false, false
+		return m, true
 	case e.resizeTo != 0 && dataCredit:
 		m := e.control(KindResize)
 		m.Len = ResizeLen
