@@ -239,6 +239,16 @@ type Config struct {
 	// registered memory (rdma-core) connections fall back with [ErrMemlock] before the
 	// process's pinned memory would pass RLIMIT_MEMLOCK, unless it has CAP_IPC_LOCK.
 	MaxRegisteredMemory int64
+	// NoDirectPlacement keeps the peer out of this side's Read buffers. By default, on
+	// a provider that registers the application's memory without pinning it (verbs/soft,
+	// whose peers are goroutines of this process), a Read of at least 64 KiB that finds
+	// nothing buffered lets the peer write the next bytes of the stream straight into
+	// its buffer, saving the copy out of the receive ring, when both sides allow it. The
+	// buffer is registered for the connection's queue pair and stays registered for
+	// reuse, and the peer may write anywhere in it while the Read waits, as the Read
+	// itself may. Set it to have every byte copied out of the ring instead. rdma-core
+	// (verbs/ibv) and the same-host transport never place.
+	NoDirectPlacement bool
 
 	// Lossless traffic classes. A RoCE fabric that runs RDMA in a lossless (PFC) class
 	// recognizes its packets by their DSCP or their VLAN priority; these fields put the

@@ -29,6 +29,7 @@ var configCases = []struct {
 		bad:  []badConfig{{func(c *Config) { c.Fallback = FallbackQUIC }, "TLSConfig is nil, want a *tls.Config with FallbackQUIC"}},
 		good: []func(*Config){func(c *Config) { c.Fallback, c.TLSConfig = FallbackQUIC, &tls.Config{} }}},
 	{field: "AllowPlaintextRDMA", free: "a boolean"},
+	{field: "NoDirectPlacement", free: "a boolean"},
 	{field: "QUICConfig", free: "nil means quic-go's defaults"},
 	{field: "HandshakeTimeout",
 		bad:  []badConfig{{func(c *Config) { c.HandshakeTimeout = -1 }, "HandshakeTimeout is -1ns, want 0 or more (0: the default, 10s)"}},

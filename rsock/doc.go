@@ -172,7 +172,12 @@
 // how its bytes arrive. rsock parses what it writes as stream data and flow-control
 // messages, and fails the connection with [ErrProtocol] when they break the protocol.
 // The peer cannot read this side's memory (no remote read access is granted) and
-// cannot write anywhere but the ring.
+// cannot write anywhere but the ring. On verbs/soft, whose peers are goroutines of this
+// process, there is one exception, direct placement ([Config.NoDirectPlacement] turns
+// it off): a Read of at least 64 KiB that finds nothing buffered lets the peer write
+// the next bytes of the stream straight into its buffer, and that buffer stays
+// registered for reuse. On rdma-core (verbs/ibv) and the same-host transport, rsock
+// never offers it.
 //
 // RoCE itself authenticates nothing. A receiving queue pair accepts any packet that
 // names it and carries the next expected packet sequence number: the source queue pair

@@ -45,8 +45,10 @@ import (
 //
 // Bit 0 of Capabilities (capRDMA) says the sender offers RDMA and describes its endpoint;
 // bit 1 (capSHM, with bit 0 only) says that endpoint is on the same-host shared-memory
-// transport (shm.go); other bits are reserved, sent as zero and ignored. An accept
-// always has bit 0 set.
+// transport (shm.go); bit 2 (capPlace, with bit 0 only) says the sender's engine takes
+// part in direct placement (rdma's place.go), which a connection uses when both
+// sides say so; other bits are reserved, sent as zero and ignored. An accept always
+// has bit 0 set.
 // The RDMA endpoint is what the peer needs to connect its queue pair to the sender's,
 // and a nonce that binds the proof (proof.go) to this bootstrap connection:
 //
@@ -162,6 +164,11 @@ func (k helloKind) String() string {
 type helloCaps uint32
 
 const capRDMA helloCaps = 1 << 0
+
+// capPlace, in an offer or accept that has capRDMA, says that the sender's engine can
+// take part in direct placement: a large Read's buffer written by the peer's device.
+// An accept says so only when the offer did.
+const capPlace helloCaps = 1 << 2
 
 // nonce is a hello's random number, fresh for each hello, that the peer's proof must
 // echo (proof.go).
@@ -294,7 +301,7 @@ func decodeHello(b []byte) (hello, int, error) {
 			return hello{}, 0, fmt.Errorf("%w: %v body of %d bytes is shorter than %d", ErrBadHello, h.kind, len(body), helloCapsLen)
 		}
 		h.caps = helloCaps(binary.BigEndian.Uint32(body))
-		h.caps &= capRDMA | capSHM // reserved bits are ignored
+		h.caps &= capRDMA | capSHM | capPlace // reserved bits are ignored
 		if h.caps&capRDMA == 0 {
 			h.caps = 0 // capSHM qualifies an RDMA endpoint (shm.go)
 		}

@@ -47,6 +47,8 @@ func TestHelloRoundTrip(t *testing.T) {
 		{acceptHello(sampleEndpoint), helloHeaderLen + helloCapsLen + rdmaEndpointLen + unitRingLen},
 		{offerHello(&legacyEndpoint), helloHeaderLen + helloCapsLen + rdmaEndpointLen},
 		{acceptHello(legacyEndpoint), helloHeaderLen + helloCapsLen + rdmaEndpointLen},
+		{withCaps(offerHello(&sampleEndpoint), capPlace), helloHeaderLen + helloCapsLen + rdmaEndpointLen + unitRingLen},
+		{withCaps(acceptHello(sampleEndpoint), capPlace|capSHM), helloHeaderLen + helloCapsLen + rdmaEndpointLen + unitRingLen},
 		{declineHello(declineNoDevice), helloHeaderLen + 1},
 		{declineHello(declineReason(250)), helloHeaderLen + 1},
 	}
@@ -326,4 +328,20 @@ func tcpPair(t *testing.T, ln net.Listener) (client, server *net.TCPConn) {
 	client.SetLinger(0)
 	server.SetLinger(0)
 	return client, server
+}
+
+// withCaps returns h with the capability bits caps added.
+func withCaps(h hello, caps helloCaps) hello {
+	h.caps |= caps
+	return h
+}
+
+// TestHelloPlaceWithoutRDMA: capPlace qualifies an RDMA endpoint, like capSHM: an
+// offer that has no endpoint has no capabilities.
+func TestHelloPlaceWithoutRDMA(t *testing.T) {
+	b := withCaps(offerHello(nil), capPlace).appendTo(nil)
+	got, _, err := decodeHello(b)
+	require.NoError(t, err)
+	require.Zero(t, got.caps)
+	require.False(t, got.offersRDMA())
 }

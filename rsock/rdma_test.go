@@ -254,3 +254,61 @@ func TestRDMARingGrowth(t *testing.T) {
 		})
 	}
 }
+
+// TestRDMADirectPlacement: the two sides agree on direct placement in their hellos,
+// and only when neither turned it off; a stream of large Reads and Writes arrives
+// whole either way.
+func TestRDMADirectPlacement(t *testing.T) {
+	tests := []struct {
+		name           string
+		serverOff      bool
+		clientOff      bool
+		wantPlacements bool
+	}{
+		{"both allow", false, false, true},
+		{"server turns it off", true, false, false},
+		{"client turns it off", false, true, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fab := soft.New(soft.Options{})
+			scfg, ccfg := rdmaConfigs(t, FallbackTCP, fab)
+			scfg.NoDirectPlacement, ccfg.NoDirectPlacement = tt.serverOff, tt.clientOff
+			ln := listen(t, scfg)
+			c, s := pipe(t, ln, ccfg)
+			require.Equal(t, TransportRDMA, c.Transport(), "%v", c.FallbackReason())
+			require.Equal(t, tt.wantPlacements, c.st.engine.Placing(), "client placing")
+			require.Equal(t, tt.wantPlacements, s.st.engine.Placing(), "server placing")
+			data := make([]byte, 8<<20)
+			rand.NewChaCha8([32]byte{'p'}).Read(data)
+			go func() {
+				for off := 0; off < len(data); off += 1 << 20 {
+					if _, err := c.Write(data[off : off+1<<20]); err != nil {
+						return
+					}
+				}
+				c.CloseWrite()
+			}()
+			var got []byte
+			buf := make([]byte, 1<<20)
+			for {
+				n, err := s.Read(buf)
+				got = append(got, buf[:n]...)
+				if err == io.EOF {
+					break
+				}
+				require.NoError(t, err)
+			}
+			require.True(t, bytes.Equal(data, got), "stream differs")
+			st := s.Stats()
+			if !tt.wantPlacements {
+				require.Zero(t, st.Placements, "placements")
+			}
+			t.Logf("%d placements, %d bytes", st.Placements, st.BytesPlaced)
+			c.Close()
+			s.Close()
+			ln.Close()
+			requireReleased(t, fab)
+		})
+	}
+}

@@ -28,6 +28,11 @@ type ConnStats struct {
 	// credit and the ring's end cut it. Credit updates, keepalives and other control
 	// messages are not counted.
 	MessagesSent, MessagesReceived uint64
+	// RDMA: Placements counts the Reads whose buffer the peer wrote the bytes into
+	// directly, without the copy out of the receive ring (see
+	// [Config.NoDirectPlacement]), and BytesPlaced those bytes, which BytesRead
+	// includes.
+	Placements, BytesPlaced uint64
 	// RDMA: CreditStalls counts the times a Write waited because the peer had granted
 	// no credit (its ring, and its buffer beyond the ring, were full: a slow reader),
 	// and CreditStallTime is how long those waits lasted in all.
@@ -60,6 +65,7 @@ func (c *Conn) Stats() ConnStats {
 	if e := c.st.engine; e != nil {
 		es := e.Stats()
 		s.MessagesSent, s.MessagesReceived = es.MessagesSent, es.MessagesReceived
+		s.Placements, s.BytesPlaced = es.Placements, es.BytesPlaced
 		s.CreditStalls, s.CreditStallTime = es.CreditStalls, es.CreditStallTime
 		s.CompletionErrors, s.RNRErrors = es.CompletionErrors, es.RNRErrors
 		s.RingSize, s.RingUsed, s.Spilled = es.RingSize, es.RingUsed, es.Spilled

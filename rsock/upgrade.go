@@ -173,6 +173,9 @@ func (d *dialState) offerRDMA(ctx context.Context) (upgrade, error) {
 	if shm != nil {
 		oh.caps |= capSHM
 	}
+	if mine.Place {
+		oh.caps |= capPlace
+	}
 	if err := d.sendHello(oh); err != nil {
 		ep.Abort()
 		return upgrade{}, err
@@ -194,6 +197,7 @@ func (d *dialState) offerRDMA(ctx context.Context) (upgrade, error) {
 		return upgrade{}, fmt.Errorf("server hello: %w: an %v where an answer belongs", ErrBadHello, h.kind)
 	}
 	server := offerOf(h.rdma)
+	server.Place = mine.Place && h.caps&capPlace != 0
 	if dialAsBeforeUnitRing {
 		server.UnitRingSize = 0
 	}
@@ -372,7 +376,9 @@ func (a *acceptState) acceptRDMA(ctx context.Context, offer *hello) (upgrade, er
 	if reason != nil {
 		return upgrade{reason: reason}, nil
 	}
-	conn, err := ep.Connect(offerOf(offer.rdma), a.boot, a.cfg.rdmaKeepAlive())
+	client := offerOf(offer.rdma)
+	client.Place = offer.caps&capPlace != 0
+	conn, err := ep.Connect(client, a.boot, a.cfg.rdmaKeepAlive())
 	if err != nil {
 		ep.Abort()
 		return upgrade{reason: &FallbackError{Err: connectReason(err)}}, nil
@@ -391,6 +397,9 @@ func (a *acceptState) acceptRDMA(ctx context.Context, offer *hello) (upgrade, er
 	ah := acceptHello(accept)
 	if shm != nil {
 		ah.caps |= capSHM
+	}
+	if client.Place && mine.Place {
+		ah.caps |= capPlace
 	}
 	if err := writeHello(a.boot, ah); err != nil {
 		conn.Abandon()
@@ -662,6 +671,7 @@ func (c *Config) rdmaOptions() rdma.Options {
 		TrafficClass:   uint8(c.TrafficClass), // resolve checked the ranges
 		ServiceLevel:   uint8(c.ServiceLevel),
 		RoCEVersion:    c.RoCEVersion,
+		NoPlacement:    c.NoDirectPlacement,
 
 		MaxRegisteredMemory: c.MaxRegisteredMemory,
 	}

@@ -128,6 +128,12 @@ type Conn struct {
 	stats connStats // counters and tracing hooks (stats.go)
 
 	direct directWriter // large Writes posted from the caller's buffer (zcopy.go), guarded by mu
+	place  placement    // large Reads the peer writes into directly (place.go), guarded by mu
+	// placeCap: the Conn was made taking part in direct placement. Set by Connect and
+	// never changed, so Read may look at it without mu (place.ok may turn off later).
+	placeCap bool
+	// qpErrored: failLocked moved the QP to ERROR. Guarded by mu.
+	qpErrored bool
 }
 
 // queuePair is what a Conn needs of its QP once connected: posting, its number, and
@@ -205,6 +211,11 @@ func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) 
 	if growTo > ep.opts.RingSize {
 		c.growTo = growTo
 	}
+	if peer.Place && ep.canPlace() {
+		c.place.reg = placeRegistrar(ep.pd)
+		c.place.ok = c.place.reg != nil
+		c.placeCap = c.place.ok
+	}
 	if err := ep.poller.attach(c.qp.QPN(), c); err != nil {
 		return nil, err
 	}
@@ -245,6 +256,7 @@ func (c *Conn) failLocked(err error) {
 	if first && !c.closing {
 		c.stats.failed(err)
 		c.qp.ToError()
+		c.qpErrored = true
 		if c.started {
 			c.ctrl.SetReadDeadline(aLongTimeAgo)
 		}

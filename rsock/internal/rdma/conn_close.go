@@ -153,6 +153,10 @@ func (c *Conn) teardown() error {
 	if err := c.releaseDirectLocked(); err != nil { // zcopy.go
 		errs = append(errs, err)
 	}
+	if err := c.releasePlaceLocked(); err != nil { // place.go
+		errs = append(errs, err)
+	}
+	signal(c.readable) // a Read withdrawing its advertisement: nothing lands any more
 	c.mu.Unlock()
 	if !left {
 		if err := c.ep.release(); err != nil {

@@ -99,14 +99,19 @@ func (c *Conn) onRecv(wc *verbs.WorkCompletion) {
 		}
 	case flowctl.KindSwitch:
 		c.onSwitchLocked()
+	case flowctl.KindPlace:
+		if err := c.onPlaceLocked(a); err != nil { // place.go
+			c.failLocked(protocolError(err))
+			return
+		}
 	}
-	if a.Len > 0 {
+	if a.Kind == flowctl.KindData {
 		c.dataArrivals++
 		c.stats.received(a.Len)
 		c.spillLocked()
 		c.maybeGrowLocked(a.Len)
 	}
-	if c.readParked && (a.Len > 0 || c.fc.PeerClosed()) {
+	if c.readParked && (a.Kind == flowctl.KindData || a.Kind == flowctl.KindPlace || c.fc.PeerClosed()) {
 		signal(c.readable)
 	}
 	if c.writeParked && a.Credited {

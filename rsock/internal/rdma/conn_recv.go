@@ -18,6 +18,9 @@ func (c *Conn) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, c.readErr()
 	}
+	if c.placeCap && len(p) >= placeMinRead {
+		return c.readPlacing(p) // place.go
+	}
 	s := spin{c: c, answer: c.awaitsAnswer()}
 	defer s.end()
 	for {
@@ -26,7 +29,7 @@ func (c *Conn) Read(p []byte) (int, error) {
 			return 0, os.ErrDeadlineExceeded
 		}
 		park := s.parking()
-		v, err := c.unread(park)
+		v, err := c.unread(park, nil, false)
 		if err != nil {
 			c.consume(0, 0, true)
 			return 0, err
@@ -45,18 +48,25 @@ func (c *Conn) Read(p []byte) (int, error) {
 			}
 			continue
 		}
-		// Nothing moves the bytes while this Read is in progress: copy without mu.
-		n := c.spill.copyOut(p[:min(len(p), v.spilled)])
-		m := 0
-		if n == v.spilled && n < len(p) {
-			m = copy(p[n:], v.ring[v.first.Off:v.first.Off+v.first.Len])
-			if n+m < len(p) && v.second.Len > 0 {
-				m += copy(p[n+m:], v.ring[:v.second.Len])
-			}
-		}
+		n, m := c.copyUnread(p, v)
 		c.consume(n, m, true)
 		return n + m, nil
 	}
+}
+
+// copyUnread copies what v names into p, spilled bytes first, and returns how many of
+// each it copied. Nothing moves the bytes while a Read is in progress: it copies
+// without mu.
+func (c *Conn) copyUnread(p []byte, v unreadView) (fromSpill, fromRing int) {
+	n := c.spill.copyOut(p[:min(len(p), v.spilled)])
+	m := 0
+	if n == v.spilled && n < len(p) {
+		m = copy(p[n:], v.ring[v.first.Off:v.first.Off+v.first.Len])
+		if n+m < len(p) && v.second.Len > 0 {
+			m += copy(p[n+m:], v.ring[:v.second.Len])
+		}
+	}
+	return n, m
 }
 
 // WriteTo writes the buffered bytes straight to w, spilled ones and then the ring's,
@@ -73,7 +83,7 @@ func (c *Conn) WriteTo(w io.Writer) (int64, error) {
 			return total, os.ErrDeadlineExceeded
 		}
 		park := s.parking()
-		v, err := c.unread(park)
+		v, err := c.unread(park, nil, false)
 		if err == io.EOF {
 			c.consume(0, 0, true)
 			return total, nil
@@ -136,11 +146,14 @@ func writeCounted(w io.Writer, b []byte) (int, error) {
 type piece struct{ Off, Len int }
 
 // unreadView is what a Read may copy out: spilled bytes, then pieces of ring, the
-// memory they are in (the old ring's, after a switch, while it holds bytes).
+// memory they are in (the old ring's, after a switch, while it holds bytes); or the
+// bytes the peer placed into the Read's buffer (place.go), which come first.
 type unreadView struct {
 	spilled       int
 	first, second piece
 	ring          []byte
+	placed        int
+	advertised    bool // this look advertised the Read's buffer
 }
 
 func (v unreadView) empty() bool { return v.spilled == 0 && v.first.Len == 0 }
@@ -149,11 +162,18 @@ func (v unreadView) empty() bool { return v.spilled == 0 && v.first.Len == 0 }
 // buffered bytes, or, when there are none, the reason no more will come (io.EOF, a
 // failure, net.ErrClosed), or nothing to wait. With park, a caller that finds nothing
 // is about to park on readable: it is marked parked in the same critical section, so
-// an arrival after this look signals it.
-func (c *Conn) unread(park bool) (unreadView, error) {
+// an arrival after this look signals it. p, if not nil, is the Read's buffer, which it
+// advertises when it finds nothing (place.go): a Read passes it to its first look only;
+// advertised, that an earlier look did, and the bytes placed are to be looked for.
+func (c *Conn) unread(park bool, p []byte, advertised bool) (unreadView, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.readParked = false
+	if advertised {
+		if n := c.placedLocked(); n > 0 {
+			return unreadView{placed: n}, nil
+		}
+	}
 	if c.closing {
 		return unreadView{}, net.ErrClosed
 	}
@@ -164,6 +184,9 @@ func (c *Conn) unread(park bool) (unreadView, error) {
 		return v, nil
 	}
 	err := c.readErrLocked()
+	if err == nil && len(p) >= placeMinRead && c.canAdvertiseLocked(len(p)) {
+		v.advertised = c.advertiseLocked(p)
+	}
 	c.readParked = park && err == nil
 	if c.readParked {
 		parkChan(&c.readable)

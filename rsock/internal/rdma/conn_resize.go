@@ -134,14 +134,21 @@ func (c *Conn) resizeLocked(size int) {
 // fillResizeWR prepares c.wrs[0] to carry the resize m: the new ring's description,
 // from behind that ring, into the mailbox behind the peer's ring.
 func (c *Conn) fillResizeWR(m flowctl.Msg) {
+	mr := c.ep.nextRing
+	c.fillMailboxWR(m, mailboxIn, mr.Addr()+uint64(c.nextRingSize)+mailboxOut, mr.LKey())
+}
+
+// fillMailboxWR prepares c.wrs[0] to carry m's payload, registered at addr with lkey,
+// into the peer's mailbox at offset slot: the mailbox behind the ring the peer's data
+// lands in now.
+func (c *Conn) fillMailboxWR(m flowctl.Msg, slot, addr uint64, lkey uint32) {
 	wr := &c.wrs[0]
 	wr.Opcode = verbs.OpRDMAWriteWithImm
 	wr.Imm = m.Imm
-	wr.RemoteAddr = c.peerRingAddr + uint64(c.fc.PeerRingSize()) + mailboxIn
+	wr.RemoteAddr = c.peerRingAddr + uint64(c.fc.PeerRingSize()) + slot
 	wr.RKey = c.peerRKey
 	wr.Flags = 0
-	mr := c.ep.nextRing
-	c.sges[0][0] = verbs.SGE{Addr: mr.Addr() + uint64(c.nextRingSize) + mailboxOut, Length: uint32(m.Len), LKey: mr.LKey()}
+	c.sges[0][0] = verbs.SGE{Addr: addr, Length: uint32(m.Len), LKey: lkey}
 	wr.SGL = c.sges[0][:]
 	if m.Len <= c.inline {
 		wr.Flags |= verbs.SendInline

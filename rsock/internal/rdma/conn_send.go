@@ -18,6 +18,9 @@ func (c *Conn) Write(p []byte) (int, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	c.markWrote()
+	if len(p) >= placeMinRead {
+		c.awaitAdvert() // place.go
+	}
 	if n, ok, err := c.writeDirect(p); ok { // large, and the provider can post from p (zcopy.go)
 		return n, err
 	}
@@ -70,6 +73,15 @@ func (c *Conn) writeSome(p []byte, r io.Reader) (int, error) {
 		if err := c.writeErrLocked(); err != nil {
 			c.mu.Unlock()
 			return 0, err
+		}
+		if r == nil && c.place.ok { // place.go
+			if k := c.placeRoomLocked(); k > 0 {
+				n, err := c.placeStagedLocked(p, k)
+				if n > 0 || err != nil {
+					c.mu.Unlock()
+					return n, err
+				}
+			}
 		}
 		room := c.writeRoomLocked()
 		if room > 0 {
@@ -325,8 +337,8 @@ func (c *Conn) postLocked(n int) error {
 	return nil
 }
 
-// postControlLocked posts every control message flowctl has due (credit updates, FIN),
-// as long as the send queue has room.
+// postControlLocked posts every control message flowctl has due (credit updates, FIN,
+// resizes, placement's advertisements and answers), as long as the send queue has room.
 func (c *Conn) postControlLocked() {
 	for c.err == nil && c.sqPosted-c.sqDone < c.sqDepth {
 		if c.closing && c.finPosted {
@@ -337,9 +349,12 @@ func (c *Conn) postControlLocked() {
 			return
 		}
 		fin := m.Kind == flowctl.KindFIN
-		if m.Kind == flowctl.KindResize {
+		switch {
+		case m.Kind == flowctl.KindResize:
 			c.fillResizeWR(m)
-		} else {
+		case m.Kind == flowctl.KindPlace && m.Len > 0:
+			c.fillAdvertWR(m) // place.go
+		default:
 			// A FIN is signaled so that Close can wait for it to land.
 			c.fillWR(0, m, 0, fin)
 		}
@@ -435,6 +450,7 @@ func (c *Conn) sendKeepalive() {
 	}
 	c.idleShrinkLocked()
 	c.idleDirectLocked() // zcopy.go
+	c.idlePlaceLocked()  // place.go
 	c.mu.Unlock()
 	c.ctrl.SetWriteDeadline(time.Now().Add(c.kaPeriod))
 	if _, err := c.ctrl.Write(ctrlKeepalive[:]); err != nil {

@@ -39,7 +39,8 @@
 // down fails its connections at once, port changes refresh the device listing),
 // conn_alive.go (liveness: the keepalive probe and the silence bound), caps.go (device
 // limits), budget.go (registered-memory budget and RLIMIT_MEMLOCK), conn_resize.go
-// (rings that grow and shrink), zcopy.go (large Writes posted from the caller's buffer).
+// (rings that grow and shrink), zcopy.go (large Writes posted from the caller's buffer),
+// place.go (large Reads' buffers written by the peer's device).
 //
 // Work request IDs carry the endpoint's generation (conn_flow.go), so a destroyed QP's
 // completions, which some devices leave in the shared CQ, never reach the connection
@@ -186,6 +187,22 @@
 // waiting for the device's completions costs each Write a round trip, which smaller
 // ones do not earn back (directpin.go). On soft they are the application's memory,
 // neither pinned nor counted.
+//
+// # Direct placement
+//
+// A Read of 64 KiB or more that finds nothing buffered advertises its buffer to the
+// peer (flowctl's "Direct placement"), and a Write that finds the advertisement usable
+// writes into it, from its own buffer when direct, else from staging: the Read returns
+// the bytes without copying them out of the ring. Both sides must say so in the hello
+// (capPlace) and allow it (Options.NoPlacement), and only endpoints whose PD registers
+// the caller's memory without pinning it do (soft): shm's PD registers nothing of the
+// caller's, and on rdma-core a registration per Read cost more than the copy it saves
+// and a cached one would leave the buffer writable after Read returns (place.go). The
+// buffer's registration is kept in a small cache. A Read that must return while its
+// advertisement may still be used (deadline, Close) cancels it and waits for the
+// answer or for the QP to leave service. A large Write waits briefly for the advertisement of a peer whose Reads
+// wait (place.go's awaitAdvert); without it, the next Write would usually start just
+// before the advertisement arrives and go to the ring.
 //
 // # Registered memory limits
 //

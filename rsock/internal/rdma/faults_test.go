@@ -39,9 +39,14 @@ func connPairIPs(t testing.TB, p verbs.Provider, ipA, ipB string, opts Options) 
 
 // connPairOver is connPairIPs with the control channels ca and cb.
 func connPairOver(t testing.TB, p verbs.Provider, ipA, ipB string, opts Options, ca, cb net.Conn) (*Conn, *Conn) {
-	ea, err := Prepare(p, netip.MustParseAddr(ipA), opts)
+	return connPairOverOpts(t, p, ipA, ipB, opts, opts, ca, cb)
+}
+
+// connPairOverOpts is connPairOver with each side's own Options.
+func connPairOverOpts(t testing.TB, p verbs.Provider, ipA, ipB string, optsA, optsB Options, ca, cb net.Conn) (*Conn, *Conn) {
+	ea, err := Prepare(p, netip.MustParseAddr(ipA), optsA)
 	require.NoError(t, err)
-	eb, err := Prepare(p, netip.MustParseAddr(ipB), opts)
+	eb, err := Prepare(p, netip.MustParseAddr(ipB), optsB)
 	require.NoError(t, err)
 	a, err := ea.Connect(eb.Offer(), ca, 0)
 	require.NoError(t, err)

@@ -75,6 +75,11 @@ type Options struct {
 	// death from its socket at once. The silence bound (conn_alive.go) still ends a
 	// connection whose peer lives but completes nothing.
 	NoACKTimeout bool
+	// NoPlacement keeps the connection out of direct placement (place.go): the peer
+	// then never writes into the application's Read buffers, and every byte is copied
+	// out of the ring. Endpoints on a provider that pins memory (rdma-core) never
+	// place.
+	NoPlacement bool
 
 	// netdevOf replaces the selector's interface lookup (verbs.Selector.NetdevOf) in tests.
 	netdevOf func(netip.Addr) (string, error)
@@ -244,6 +249,11 @@ type Offer struct {
 	// is never zero; a peer's is zero when its offer did not carry one (a peer from
 	// before rings grew past 512 KiB), and then neither side fixes a unit.
 	UnitRingSize uint32
+	// Place says the side can take part in direct placement (place.go): in an offer of
+	// ours, that our PD registers the application's memory without pinning it and
+	// Options.NoPlacement is not set (Endpoint.canPlace); in the peer's, that its hello
+	// said so. Both must for a Conn to place.
+	Place bool
 }
 
 // Endpoint is our side of a connection being set up: a QP in INIT with its ring
@@ -409,6 +419,7 @@ func (ep *Endpoint) Offer() Offer {
 		RecvWQEs:     uint32(ep.opts.RecvWQEs),
 		MaxInline:    uint32(ep.inline),
 		UnitRingSize: uint32(ep.opts.unitRing()),
+		Place:        ep.canPlace(),
 	}
 }
 

@@ -17,6 +17,10 @@ type Stats struct {
 	// resizes) are not counted.
 	MessagesSent, MessagesReceived uint64
 	BytesSent, BytesReceived       uint64
+	// Placements counts the Reads whose buffer the peer's device wrote into (direct
+	// placement, place.go), and BytesPlaced those bytes: part of MessagesReceived and
+	// BytesReceived, and the bytes no Read copied out of the ring.
+	Placements, BytesPlaced uint64
 	// CreditStalls counts the times a writer blocked because the peer had granted no
 	// ring or receive-WQE credit, and CreditStallTime is how long those waits lasted
 	// in all. A writer waiting for its own staging buffer or send queue is not stalled
@@ -55,6 +59,7 @@ type Hooks struct {
 type connStats struct {
 	msgsSent, msgsRecv   uint64 // guarded by Conn.mu
 	bytesSent, bytesRecv uint64 // guarded by Conn.mu
+	placed, bytesPlaced  uint64 // guarded by Conn.mu
 	stalls               atomic.Uint64
 	stallNanos           atomic.Int64
 	wcErrors, rnrErrors  atomic.Uint64
@@ -73,6 +78,17 @@ func (s *connStats) sent(n, bytes int) {
 	}
 	s.msgsSent += uint64(n)
 	s.bytesSent += uint64(bytes)
+}
+
+// placedInto counts one placement of n bytes into a Read's buffer, a data message
+// received too. Called with Conn.mu held.
+func (s *connStats) placedInto(n int) {
+	s.received(n)
+	if StatsOff.Load() {
+		return
+	}
+	s.placed++
+	s.bytesPlaced += uint64(n)
 }
 
 // received counts one data message of n bytes. Called with Conn.mu held.
@@ -149,6 +165,7 @@ func (c *Conn) Stats() Stats {
 	c.mu.Lock()
 	st.MessagesSent, st.MessagesReceived = s.msgsSent, s.msgsRecv
 	st.BytesSent, st.BytesReceived = s.bytesSent, s.bytesRecv
+	st.Placements, st.BytesPlaced = s.placed, s.bytesPlaced
 	st.RingSize = c.fc.RingSize()
 	st.RingUsed = c.fc.Buffered()
 	st.Spilled = c.spill.len()

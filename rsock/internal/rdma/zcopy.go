@@ -218,6 +218,20 @@ func (c *Conn) postDirect(p []byte, mr verbs.MR, off uint64) (int, error) {
 			c.mu.Unlock()
 			return n, err
 		}
+		if k := c.placeRoomLocked(); k > 0 { // place.go: into the peer's Read's buffer
+			k = min(k, len(p)-n)
+			c.wrEnd[0] = c.stageTail // takes no staging
+			err := c.postPlaceLocked(mr.Addr()+off+uint64(n), mr.LKey(), k)
+			if err == nil {
+				c.direct.until = c.sqPosted
+				n += k
+			}
+			c.mu.Unlock()
+			if err != nil {
+				return n, err
+			}
+			continue
+		}
 		if room := c.directRoomLocked(); room > 0 {
 			m, err := c.postDirectLocked(mr, off+uint64(n), min(len(p)-n, room))
 			c.mu.Unlock()
