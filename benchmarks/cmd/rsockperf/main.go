@@ -157,6 +157,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.topts.SendBufferSize, "sendbuf", 0, "RsockRDMA send staging buffer `bytes` (Config.SendBufferSize)")
 	fs.IntVar(&o.topts.RecvWQEs, "wqes", 0, "RsockRDMA receive WQEs (Config.RecvWQEs)")
 	fs.IntVar(&o.topts.PollSpin, "spin", 0, "RsockRDMA empty polls before sleeping (Config.PollSpin; negative: never spin)")
+	fs.BoolVar(&o.topts.NoDirectPlacement, "noplace", false, "RsockRDMA without direct placement into large Reads' buffers (Config.NoDirectPlacement)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: rsockperf [flags]\n\nrsockperf compares rsock's transports with the raw ones they build on. See go doc ./benchmarks/cmd/rsockperf.\n\n")
 		fs.PrintDefaults()

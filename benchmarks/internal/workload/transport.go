@@ -98,6 +98,9 @@ type Options struct {
 	// RingSize, SendBufferSize, RecvWQEs and PollSpin set the rsock.Config fields of
 	// the same names for RsockRDMA; zero keeps rsock's defaults.
 	RingSize, SendBufferSize, RecvWQEs, PollSpin int
+	// NoDirectPlacement sets rsock.Config.NoDirectPlacement for RsockRDMA, so that a
+	// run can set direct placement against the copies it saves.
+	NoDirectPlacement bool
 	// InsecureTLS makes QUIC clients accept any server certificate. Two processes need
 	// it: each generates its own test certificate.
 	InsecureTLS bool
@@ -320,6 +323,7 @@ func newSides(t Transport, o Options) (*sides, error) {
 			}
 			for _, c := range []*rsock.Config{scfg, ccfg} {
 				c.RingSize, c.SendBufferSize, c.RecvWQEs, c.PollSpin = o.RingSize, o.SendBufferSize, o.RecvWQEs, o.PollSpin
+				c.NoDirectPlacement = o.NoDirectPlacement
 			}
 		}
 		s.listen = func(addr string) (net.Listener, error) { return rsock.Listen("tcp", addr, scfg) }
