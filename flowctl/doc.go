@@ -212,13 +212,14 @@
 //     is still to come. Placed bytes after that are a protocol violation.
 //
 // Nothing is lost or duplicated: a byte goes either to the ring, at its cursor, or into
-// the one usable buffer, at the cursor the buffer continues; the receiver returns
-// buffered ring bytes before placed ones and placed ones before ring bytes that arrive
-// after them, which is the order they were written in, since the connection delivers
-// in order. No placement lands in a buffer the receiver no longer expects it in: a
-// buffer stops being usable only by an answer, by data or the FIN (rule 3), which come
-// after any placement into it, or by the receiver's deregistering it after its
-// connection failed. Every placement operation spends WQE credit as data does, never
+// the one usable buffer, at the cursor the buffer continues; the receiver, which had
+// nothing buffered when it advertised, returns placed bytes before ring bytes that
+// arrive after them, which is the order they were written in, since the connection
+// delivers in order. No placement lands in a buffer the receiver no longer expects it
+// in: a buffer stops being usable only by an answer, or by data or the FIN (rule 3),
+// which come after any placement into it, or when the receiver's connection fails and
+// its queue pair accepts nothing more. The advertisement has a mailbox slot of its
+// own, apart from the resize's: the two may be under way at once. Every placement operation spends WQE credit as data does, never
 // the reserve, like the resize and the switch, so the credit argument above covers them.
 // They carry WQE credit back; their ring-credit field holds the operation, so owed ring
 // credit waits for the next message.
