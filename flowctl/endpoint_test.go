@@ -314,7 +314,7 @@ func FuzzPeer(f *testing.F) {
 			case 9:
 				e.CancelAdvert()
 			case 10:
-				e.DeclinePlace()
+				e.declinePlace()
 			case 11: // this side's writer places
 				p := e.Placeable()
 				m, err := e.ReservePlace(int(a % uint32(p+2)))

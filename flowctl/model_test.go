@@ -407,7 +407,7 @@ func (m *model) step(a action) error {
 			return err
 		}
 	case actDecline:
-		s.ep.DeclinePlace()
+		s.ep.declinePlace()
 	case actAdvertise:
 		l, err := s.ep.Advertise(a.n)
 		if err != nil || l != a.n&^(PlaceUnit-1) {

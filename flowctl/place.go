@@ -135,10 +135,10 @@ func (e *Endpoint) ReservePlace(n int) (Msg, error) {
 	return m, nil
 }
 
-// DeclinePlace declines the peer's advertisement, if one is unanswered: NextControl
-// hands out the decline. The engine calls it when it will not place (the bytes it
-// writes are too few, say); writing to the ring declines by itself.
-func (e *Endpoint) DeclinePlace() {
+// declinePlace declines the peer's advertisement, if one is unanswered: NextControl
+// hands out the decline. The engine has no use for it (writing to the ring declines by
+// itself); the tests use it to decline without writing.
+func (e *Endpoint) declinePlace() {
 	if e.peerAdvert != 0 && !e.peerAdvertNew {
 		e.declineDue = true
 	}

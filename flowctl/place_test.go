@@ -303,14 +303,14 @@ func TestPlaceAnswers(t *testing.T) {
 		}, []string{"data", "decline"}},
 		{"declined", func(p *placePair, deliverW func()) {
 			deliverW()
-			p.w.DeclinePlace()
+			p.w.declinePlace()
 			require.Zero(p.t, p.w.Placeable())
 		}, []string{"decline"}},
 		{"declined twice", func(p *placePair, deliverW func()) {
 			deliverW()
-			p.w.DeclinePlace()
+			p.w.declinePlace()
 			p.sendW()
-			p.w.DeclinePlace()
+			p.w.declinePlace()
 		}, []string{"decline"}},
 		{"canceled", func(p *placePair, deliverW func()) {
 			p.r.CancelAdvert()
@@ -322,7 +322,7 @@ func TestPlaceAnswers(t *testing.T) {
 		}, []string{"decline"}},
 		{"canceled while the writer declines", func(p *placePair, deliverW func()) {
 			deliverW()
-			p.w.DeclinePlace()
+			p.w.declinePlace()
 			p.r.CancelAdvert()
 			p.sendR()
 			deliverW()
@@ -336,7 +336,7 @@ func TestPlaceAnswers(t *testing.T) {
 		}, []string{"placed 7"}},
 		{"canceled after the decline", func(p *placePair, deliverW func()) {
 			deliverW()
-			p.w.DeclinePlace()
+			p.w.declinePlace()
 			p.sendW()
 			p.r.CancelAdvert()
 			p.sendR()
@@ -349,7 +349,7 @@ func TestPlaceAnswers(t *testing.T) {
 		}, []string{"fin"}},
 		{"FIN with a decline due", func(p *placePair, deliverW func()) {
 			deliverW()
-			p.w.DeclinePlace()
+			p.w.declinePlace()
 			p.w.CloseWrite()
 		}, []string{"fin"}},
 		{"FIN before the advertisement arrives", func(p *placePair, deliverW func()) {
@@ -365,7 +365,7 @@ func TestPlaceAnswers(t *testing.T) {
 		}, []string{"data", "fin"}},
 		{"decline, then FIN", func(p *placePair, deliverW func()) {
 			deliverW()
-			p.w.DeclinePlace()
+			p.w.declinePlace()
 			p.sendW()
 			p.w.CloseWrite()
 		}, []string{"decline", "fin"}},
@@ -567,7 +567,7 @@ func TestPlaceCredit(t *testing.T) {
 		_, err = w.OnArrival(AdvertLen, placeImm(PlaceAdvert, 0, 1))
 		require.NoError(t, err)
 		require.NoError(t, w.PeerAdvert(MinRecvWQEs-ReservedCredits))
-		w.DeclinePlace()
+		w.declinePlace()
 		_, ok := w.NextControl()
 		require.False(t, ok, "declining takes data credit")
 		deliver(t, w, Msg{Imm: imm(KindCredit, 1, 0)})
@@ -582,7 +582,7 @@ func TestPlaceCredit(t *testing.T) {
 		_, err = w.OnArrival(AdvertLen, placeImm(PlaceAdvert, 0, 1))
 		require.NoError(t, err)
 		require.NoError(t, w.PeerAdvert(MinRecvWQEs-ReservedCredits))
-		w.DeclinePlace()
+		w.declinePlace()
 		w.CloseWrite()
 		m, ok = w.NextControl()
 		require.True(t, ok)
@@ -776,14 +776,14 @@ func TestPeerAdvertOutOfTurn(t *testing.T) {
 	require.Equal(t, PlaceUnit, e.Placeable())
 }
 
-// TestDeclinePlaceWithout: DeclinePlace with no advertisement declines nothing.
+// TestDeclinePlaceWithout: declinePlace with no advertisement declines nothing.
 func TestDeclinePlaceWithout(t *testing.T) {
 	e := newTestEndpoint(t, placeParams, placeParams)
-	e.DeclinePlace()
+	e.declinePlace()
 	_, ok := e.NextControl()
 	require.False(t, ok)
 	_, err := e.OnArrival(AdvertLen, placeImm(PlaceAdvert, 0, 1))
 	require.NoError(t, err)
 	require.NoError(t, e.PeerAdvert(0))
-	require.Equal(t, PlaceUnit, e.Placeable(), "the earlier DeclinePlace left no decline behind")
+	require.Equal(t, PlaceUnit, e.Placeable(), "the earlier declinePlace left no decline behind")
 }

@@ -107,9 +107,9 @@ func (e *Endpoint) FINPending() bool { return e.finRequested && !e.finSent }
 // resize (Kind KindResize) goes to the peer's mailbox with the new ring's description.
 //
 // Call it in a loop until it returns false after every event that can change the answer:
-// OnArrival, Consume, CloseWrite, Resize, Advertise, CancelAdvert, DeclinePlace,
-// ReserveData. A false answer with a message due means the WQE
-// credit it needs is on its way; the arrival that brings it is such an event.
+// OnArrival, Consume, CloseWrite, Resize, Advertise, CancelAdvert, ReserveData. A false
+// answer with a message due means the WQE credit it needs is on its way; the arrival
+// that brings it is such an event.
 func (e *Endpoint) NextControl() (Msg, bool) {
 	if e.err != nil {
 		return Msg{}, false

@@ -129,9 +129,6 @@ type Conn struct {
 
 	direct directWriter // large Writes posted from the caller's buffer (zcopy.go), guarded by mu
 	place  placement    // large Reads the peer writes into directly (place.go), guarded by mu
-	// placeCap: the Conn was made taking part in direct placement. Set by Connect and
-	// never changed, so Read may look at it without mu (place.ok may turn off later).
-	placeCap bool
 	// qpErrored: failLocked moved the QP to ERROR. Guarded by mu.
 	qpErrored bool
 }
@@ -213,8 +210,6 @@ func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) 
 	}
 	if peer.Place && ep.canPlace() {
 		c.place.reg = placeRegistrar(ep.pd)
-		c.place.ok = c.place.reg != nil
-		c.placeCap = c.place.ok
 	}
 	if err := ep.poller.attach(c.qp.QPN(), c); err != nil {
 		return nil, err

@@ -18,7 +18,7 @@ func (c *Conn) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, c.readErr()
 	}
-	if c.placeCap && len(p) >= placeMinRead {
+	if c.place.reg != nil && len(p) >= placeMinRead {
 		return c.readPlacing(p) // place.go
 	}
 	s := spin{c: c, answer: c.awaitsAnswer()}

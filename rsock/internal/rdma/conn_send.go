@@ -18,7 +18,7 @@ func (c *Conn) Write(p []byte) (int, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	c.markWrote()
-	if len(p) >= placeMinRead {
+	if c.place.reg != nil && len(p) >= placeMinRead {
 		c.awaitAdvert() // place.go
 	}
 	if n, ok, err := c.writeDirect(p); ok { // large, and the provider can post from p (zcopy.go)
@@ -74,7 +74,7 @@ func (c *Conn) writeSome(p []byte, r io.Reader) (int, error) {
 			c.mu.Unlock()
 			return 0, err
 		}
-		if r == nil && c.place.ok { // place.go
+		if r == nil && c.place.reg != nil { // place.go
 			if k := c.placeRoomLocked(); k > 0 {
 				n, err := c.placeStagedLocked(p, k)
 				if n > 0 || err != nil {

@@ -60,10 +60,11 @@ const (
 	mailboxPlace       = 32 // where the peer's advertisement lands in the mailbox
 )
 
-// placement is a Conn's state of direct placement. Guarded by mu; mr is set and
-// cleared by the Read holding rmu (and, for a cached region, by teardown).
+// placement is a Conn's state of direct placement. Guarded by mu, but for reg; mr is
+// set and cleared by the Read holding rmu (and, for a cached region, by teardown).
 type placement struct {
-	ok          bool // both sides can place: the peer said so, and our PD registers the application's memory
+	// reg is the endpoint's PD when both sides place, else nil. Connect sets it and
+	// nothing changes it after, so Read and Write look at it without mu.
 	reg         verbs.MemoryRegistrar
 	out         verbs.MR // registered AdvertLen bytes the advertisements are sent from; made by the first
 	off         bool     // advertising failed for want of resources: this side no longer advertises
@@ -83,17 +84,13 @@ type placement struct {
 
 // Placing reports whether the connection takes part in direct placement: both sides
 // said they could, and this side did not turn it off (Options.NoPlacement).
-func (c *Conn) Placing() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.place.ok
-}
+func (c *Conn) Placing() bool { return c.place.reg != nil }
 
 // canAdvertiseLocked reports whether a Read of n bytes that found nothing buffered
 // advertises its buffer now.
 func (c *Conn) canAdvertiseLocked(n int) bool {
 	pl := &c.place
-	if !pl.ok || pl.off || n < placeMinRead || c.fc.AdvertPending() || c.fc.PeerClosed() ||
+	if pl.reg == nil || pl.off || n < placeMinRead || c.fc.AdvertPending() || c.fc.PeerClosed() ||
 		c.err != nil || c.closing || c.spill.len() > 0 || c.fc.Buffered() > 0 {
 		return false
 	}
@@ -234,7 +231,7 @@ func (c *Conn) onPlaceLocked(a flowctl.Arrival) error {
 // placeRoomLocked is how many bytes a Write may place now into the peer's
 // advertisement, with a send-queue slot free: zero when none is usable.
 func (c *Conn) placeRoomLocked() int {
-	if !c.place.ok || c.sqPosted-c.sqDone >= c.sqDepth {
+	if c.place.reg == nil || c.sqPosted-c.sqDone >= c.sqDepth {
 		return 0
 	}
 	return c.fc.Placeable()
@@ -255,7 +252,7 @@ func (c *Conn) awaitAdvert() {
 	for {
 		c.mu.Lock()
 		pl := &c.place
-		if !pl.ok || !pl.expect || c.fc.Placeable() > 0 || c.err != nil || c.closing || c.writeClosed {
+		if !pl.expect || c.fc.Placeable() > 0 || c.err != nil || c.closing || c.writeClosed {
 			c.mu.Unlock()
 			return
 		}
@@ -270,7 +267,8 @@ func (c *Conn) awaitAdvert() {
 }
 
 // postPlaceLocked places n bytes (n ≤ placeRoomLocked()), registered at addr with lkey,
-// into the peer's advertised buffer, in one signaled RDMA_WRITE_WITH_IMM.
+// into the peer's advertised buffer, in one signaled RDMA_WRITE_WITH_IMM. Its staging,
+// if any, ends at stageTail.
 func (c *Conn) postPlaceLocked(addr uint64, lkey uint32, n int) error {
 	m, err := c.fc.ReservePlace(n)
 	if err != nil {
@@ -288,6 +286,7 @@ func (c *Conn) postPlaceLocked(addr uint64, lkey uint32, n int) error {
 	if n <= c.inline {
 		wr.Flags |= verbs.SendInline
 	}
+	c.wrEnd[0] = c.stageTail
 	if err := c.postLocked(1); err != nil {
 		return err
 	}
@@ -310,7 +309,6 @@ func (c *Conn) placeStagedLocked(p []byte, room int) (int, error) {
 	copy(c.stageWindow(n), p)
 	addr := c.stageAddr + c.stageTail%uint64(len(c.stage))
 	c.stageTail += uint64(n)
-	c.wrEnd[0] = c.stageTail
 	if err := c.postPlaceLocked(addr, c.stageKey, n); err != nil {
 		return 0, err
 	}
@@ -438,7 +436,7 @@ func (c *Conn) qpDownLocked() bool { return c.qpErrored || c.direct.torn }
 // teardown, once the QP is in ERROR.
 func (c *Conn) releasePlaceLocked() error {
 	pl := &c.place
-	pl.ok, pl.mr = false, nil
+	pl.mr = nil
 	var first error
 	for _, mr := range [...]*verbs.MR{&pl.out, &pl.cache[0].mr, &pl.cache[1].mr} {
 		if *mr == nil {

@@ -314,7 +314,7 @@ func TestPlaceNotWherePinned(t *testing.T) {
 func advertOnFake(t *testing.T, c *Conn, wqe uint64, addr uint64, rkey, lo32 uint32, units uint32) {
 	t.Helper()
 	c.mu.Lock()
-	c.place.ok = true
+	c.place.reg = &fakeRegistrar{}
 	putRingDesc(c.ep.ring.Bytes()[c.fc.RingSize()+mailboxPlace:], addr, rkey, lo32)
 	c.mu.Unlock()
 	arriveImm(t, c, wqe, flowctl.Imm{Kind: flowctl.KindPlace, Op: flowctl.PlaceAdvert, PlaceUnits: units}, flowctl.AdvertLen)
@@ -401,7 +401,7 @@ func TestPlaceWriteAwaitsAdvertOnFake(t *testing.T) {
 			q := &fakeQP{qpn: c.qp.QPN()}
 			c.qp = q
 			c.mu.Lock()
-			c.place.ok, c.place.expect = true, expect
+			c.place.reg, c.place.expect = &fakeRegistrar{}, expect
 			c.mu.Unlock()
 			go c.Write(make([]byte, placeMinRead)) // the fake peer returns no credit: Close ends it
 			if expect {
@@ -469,7 +469,7 @@ func TestPlaceCancelUnansweredOnFake(t *testing.T) {
 		mr, err := reg.RegMemory(make([]byte, placeMinRead), verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
 		require.NoError(t, err)
 		c.mu.Lock()
-		c.place.ok, c.place.reg = true, reg
+		c.place.reg = reg
 		_, err = c.fc.Advertise(placeMinRead)
 		require.NoError(t, err)
 		m, ok := c.fc.NextControl() // handed out, as postControlLocked would

@@ -220,7 +220,6 @@ func (c *Conn) postDirect(p []byte, mr verbs.MR, off uint64) (int, error) {
 		}
 		if k := c.placeRoomLocked(); k > 0 { // place.go: into the peer's Read's buffer
 			k = min(k, len(p)-n)
-			c.wrEnd[0] = c.stageTail // takes no staging
 			err := c.postPlaceLocked(mr.Addr()+off+uint64(n), mr.LKey(), k)
 			if err == nil {
 				c.direct.until = c.sqPosted
