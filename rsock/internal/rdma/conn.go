@@ -32,6 +32,10 @@ type Conn struct {
 
 	stale atomic.Uint64 // completions of a destroyed QP of the same number, dropped
 	wrote atomic.Bool   // a Write began since the last Read did (awaitsAnswer, conn_poll.go)
+	// readChanges counts the events that may change what a Read's look (unread) finds:
+	// arrivals, failure, Close. Added to under mu; a spinning Read reads it without
+	// (spin.quiet).
+	readChanges atomic.Uint32
 
 	rmu, wmu sync.Mutex
 
@@ -244,6 +248,7 @@ func (c *Conn) failLocked(err error) {
 	if first {
 		c.err = err
 	}
+	c.readChanges.Add(1)
 	signal(c.readable)
 	signal(c.writable)
 	signal(c.drained)

@@ -73,6 +73,7 @@ func (c *Conn) close() error {
 		c.postControlLocked()
 	}
 	ka := c.keepalive
+	c.readChanges.Add(1)
 	signal(c.readable) // a waiter sees closing
 	signal(c.writable)
 	c.mu.Unlock()
@@ -122,6 +123,7 @@ func (c *Conn) Abandon() error {
 	c.closeOnce.Do(func() {
 		c.mu.Lock()
 		c.closing = true
+		c.readChanges.Add(1)
 		signal(c.readable) // a waiter sees closing
 		signal(c.writable)
 		if !c.reading {
@@ -156,6 +158,7 @@ func (c *Conn) teardown() error {
 	if err := c.releasePlaceLocked(); err != nil { // place.go
 		errs = append(errs, err)
 	}
+	c.readChanges.Add(1)
 	signal(c.readable) // a Read withdrawing its advertisement: nothing lands any more
 	c.mu.Unlock()
 	if !left {

@@ -111,6 +111,7 @@ func (c *Conn) onRecv(wc *verbs.WorkCompletion) {
 		c.spillLocked()
 		c.maybeGrowLocked(a.Len)
 	}
+	c.readChanges.Add(1)
 	if c.readParked && (a.Kind == flowctl.KindData || a.Kind == flowctl.KindPlace || c.fc.PeerClosed()) {
 		signal(c.readable)
 	}

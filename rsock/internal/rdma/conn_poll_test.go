@@ -2,7 +2,9 @@ package rdma
 
 import (
 	"io"
+	"net"
 	"runtime"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 
@@ -285,6 +287,120 @@ func TestSpinSlots(t *testing.T) {
 	require.False(t, d.more(), "spins with PollSpin off")
 	d.end()
 	require.Zero(t, slots())
+}
+
+// TestSpinScale: a spin of scale s makes s times the poller's polls before it parks,
+// and keeps its scale when a later wait of the same call starts afresh.
+func TestSpinScale(t *testing.T) {
+	c, _, _ := pollingConn(t, 3)
+	for _, tc := range []struct{ scale, want int }{{0, 3}, {1, 3}, {4, 12}} {
+		s := spin{c: c, scale: tc.scale}
+		for range 2 { // the second time after end: the call's next wait
+			polls := 0
+			for s.more() {
+				polls++
+			}
+			require.Equal(t, tc.want, polls, "polls of a spin of scale %d", tc.scale)
+			s.end()
+		}
+	}
+	require.Zero(t, c.poll.spinners.Load(), "a slot still held")
+}
+
+// scriptedCQ is a fakeCQ on which something happens at the at-th poll: it runs do
+// first, which pushes a completion, say.
+type scriptedCQ struct {
+	*fakeCQ
+	at, polls int
+	do        func()
+}
+
+func (s *scriptedCQ) Poll(wcs []verbs.WorkCompletion) (int, error) {
+	s.polls++
+	if s.polls == s.at {
+		s.do()
+	}
+	return s.fakeCQ.Poll(wcs)
+}
+
+// yieldCounter yields as the runtime does, and counts the yields.
+type yieldCounter struct{ n atomic.Int64 }
+
+func (y *yieldCounter) Gosched()        { y.n.Add(1); runtime.Gosched() }
+func (y *yieldCounter) Yield()          { y.Gosched() }
+func (y *yieldCounter) Contended() bool { return false }
+
+// TestWaiterYieldsToTokenHolderSometimes: a waiter that finds the poller's token taken
+// yields to its holder every heldTokenYieldEvery-th time and looks again at once the
+// other times; an empty CQ is paused on after every poll (soft's CQ: a Gosched).
+func TestWaiterYieldsToTokenHolderSometimes(t *testing.T) {
+	const polls = 4 * heldTokenYieldEvery
+	for _, held := range []bool{true, false} {
+		c, _, _ := pollingConn(t, polls)
+		yields := &yieldCounter{}
+		c.poll.sched = yields
+		if held {
+			c.poll.tok.Lock()
+		}
+		for i := 1; i <= polls; i++ {
+			c.pollWaiting(i)
+		}
+		want := int64(polls)
+		if held {
+			want = polls / heldTokenYieldEvery
+		}
+		require.Equal(t, want, yields.n.Load(), "yields over %d polls, token held: %v", polls, held)
+	}
+}
+
+// TestSpinningReadSeesChange: a spinning Read looks at what it may return (unread,
+// under mu) only when something changed since its last look that found nothing
+// (spin.quiet, readChanges), so whatever ends its wait must count as a change: data
+// and a failed QP each end the Read at the poll that reaps them, and a Close within a
+// few polls, not when the spin of a thousand polls runs out.
+func TestSpinningReadSeesChange(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		arrival func(t *testing.T, qpn uint32) verbs.WorkCompletion
+		want    string
+		wantErr error
+	}{
+		{name: "data", arrival: func(t *testing.T, qpn uint32) verbs.WorkCompletion { return dataArrival(t, qpn, 3, 5) }, want: "hello"},
+		{name: "failure", arrival: func(t *testing.T, qpn uint32) verbs.WorkCompletion {
+			return verbs.WorkCompletion{WRID: recvWRFlag | 3, QPN: qpn, Status: verbs.WCRetryExcErr}
+		}, wantErr: ErrQPFailed},
+		{name: "close", wantErr: net.ErrClosed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				c, cq, q := pollingConn(t, 1000)
+				copy(c.ring, "hello")
+				script := &scriptedCQ{fakeCQ: cq, at: 5}
+				script.do = func() { cq.push(tc.arrival(t, q.qpn)) }
+				if tc.arrival == nil {
+					// Close tears down the Endpoint, and takes the poller's lock, which
+					// the poll that starts it holds.
+					c.ep, c.linger = &Endpoint{poller: c.poll}, -1
+					script.do = func() { go c.Close() }
+				}
+				c.poll.cq = script
+				yields := &yieldCounter{}
+				c.poll.sched = yields
+				buf := make([]byte, 16)
+				n, err := c.Read(buf)
+				require.Less(t, yields.n.Load(), int64(100), "the Read's yields between polls")
+				if tc.arrival != nil {
+					require.Equal(t, 5, script.polls, "polls before the Read returned")
+				}
+				if tc.wantErr != nil {
+					require.ErrorIs(t, err, tc.wantErr)
+					return
+				}
+				require.NoError(t, err)
+				require.Equal(t, tc.want, string(buf[:n]))
+			})
+		})
+	}
 }
 
 // TestReadFromReadsWithoutSpinSlot: a ReadFrom that spun for room gives its slot back

@@ -29,12 +29,18 @@ func (c *Conn) Read(p []byte) (int, error) {
 			return 0, os.ErrDeadlineExceeded
 		}
 		park := s.parking()
+		if !park && s.quiet() && s.more() {
+			c.pollWaiting(s.polls)
+			continue
+		}
+		seen := c.readChanges.Load()
 		v, err := c.unread(park, nil, false)
 		if err != nil {
 			c.consume(0, 0, true)
 			return 0, err
 		}
 		if v.empty() {
+			s.foundNothing(seen)
 			if s.more() {
 				c.pollWaiting(s.polls)
 				continue

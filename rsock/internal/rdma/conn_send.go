@@ -19,7 +19,7 @@ func (c *Conn) Write(p []byte) (int, error) {
 	defer c.wmu.Unlock()
 	c.markWrote()
 	if c.place.reg != nil && len(p) >= placeMinRead {
-		c.awaitAdvert() // place.go
+		c.awaitAdvert(len(p)) // place.go
 	}
 	if n, ok, err := c.writeDirect(p); ok { // large, and the provider can post from p (zcopy.go)
 		return n, err

@@ -56,8 +56,16 @@ const (
 	// placeCancelTimeout bounds the wait for the answer to a cancel, which a live peer
 	// sends within a round trip: a peer that does not answer fails the connection.
 	placeCancelTimeout = 5 * time.Second
-	placeSkipMax       = 64 // most eligible Reads skipped after declines
-	mailboxPlace       = 32 // where the peer's advertisement lands in the mailbox
+	placeSkipMax       = 63 // most eligible Reads skipped after declines
+	placeSkipDoublings = 7  // declines in a row after which skip stops growing: 0, 1, 3 … 63
+	// A large Write's wait for the next advertisement gives up on it (awaitAdvert)
+	// only after this many spins in a row ended without one.
+	placeMissesMax = 2
+	// A wait on a placement of n bytes spins n/placeSpinUnit times the poller's spin
+	// (placeSpinScale), at least once and at most placeSpinScaleMax times.
+	placeSpinUnit     = 128 << 10
+	placeSpinScaleMax = 16
+	mailboxPlace      = 32 // where the peer's advertisement lands in the mailbox
 )
 
 // placement is a Conn's state of direct placement. Guarded by mu, but for reg; mr is
@@ -78,6 +86,7 @@ type placement struct {
 	declines    int         // advertisements declined in a row
 	cancelTimer *time.Timer // bounds the wait for a cancel's answer (readPlaced)
 	expect      bool        // the peer's last advertisement was placed into, or came too late: awaitAdvert
+	misses      int         // awaitAdvert's spins in a row that ended without an advertisement
 	peerAddr    uint64      // the peer's usable advertisement: its buffer's address and key
 	peerRKey    uint32      //
 }
@@ -222,8 +231,8 @@ func (c *Conn) onPlaceLocked(a flowctl.Arrival) error {
 		pl.declines, pl.skip = 0, 0
 		c.stats.placedInto(a.Len)
 	case flowctl.PlaceDecline:
-		pl.declines = min(pl.declines+1, 6)
-		pl.skip = min(1<<pl.declines-1, placeSkipMax)
+		pl.declines = min(pl.declines+1, placeSkipDoublings)
+		pl.skip = min(1<<(pl.declines-1)-1, placeSkipMax)
 	}
 	return nil
 }
@@ -243,11 +252,14 @@ func (c *Conn) placeRoomLocked() int {
 // usually starts before the advertisement arrives, and writing to the ring then would
 // decline it and copy every byte once more. So a Write of at least placeMinRead bytes,
 // while the peer's last advertisement was placed into or came after this side wrote
-// on (expect), first spins for the next one, as a waiting Read spins (conn_poll.go).
-// A spin that ends without one stops the waiting until an advertisement comes again.
-// Called with wmu held.
-func (c *Conn) awaitAdvert() {
-	s := spin{c: c}
+// on (expect), first spins for the next one, as a waiting Read spins (conn_poll.go),
+// longer for a larger Write (placeSpinScale). Only placeMissesMax spins in a row that
+// end without one stop the waiting, until an advertisement comes again: one late
+// advertisement (the reader was descheduled) would otherwise send every later Write
+// to the ring, where the reader always finds bytes buffered and never advertises
+// again. n is the Write's length. Called with wmu held.
+func (c *Conn) awaitAdvert(n int) {
+	s := spin{c: c, scale: placeSpinScale(n)}
 	defer s.end()
 	for {
 		c.mu.Lock()
@@ -257,13 +269,23 @@ func (c *Conn) awaitAdvert() {
 			return
 		}
 		if !s.more() {
-			pl.expect = false
+			pl.misses++
+			pl.expect = pl.misses < placeMissesMax
 			c.mu.Unlock()
 			return
 		}
 		c.mu.Unlock()
 		c.pollWaiting(s.polls)
 	}
+}
+
+// placeSpinScale is how many times the poller's spin a wait on a placement of n bytes
+// spins: a Read that advertised n bytes waits for the peer to copy them, and the
+// writer of n bytes for a reader that took its last n. On soft, a 1 MiB stream's reader
+// that spun the usual spin parked on 17–53% of its Reads (four runs); each park cost a
+// wake-up, and some a late advertisement that sent the writer to the ring.
+func placeSpinScale(n int) int {
+	return min(max(n/placeSpinUnit, 1), placeSpinScaleMax)
 }
 
 // postPlaceLocked places n bytes (n ≤ placeRoomLocked()), registered at addr with lkey,
@@ -290,6 +312,7 @@ func (c *Conn) postPlaceLocked(addr uint64, lkey uint32, n int) error {
 	if err := c.postLocked(1); err != nil {
 		return err
 	}
+	c.place.misses = 0
 	c.stats.sent(1, n)
 	return nil
 }
@@ -328,13 +351,22 @@ func (c *Conn) readPlacing(p []byte) (int, error) {
 			return c.endRead(&s, advertised, os.ErrDeadlineExceeded)
 		}
 		park := s.parking()
+		if !park && s.quiet() && s.more() {
+			c.pollWaiting(s.polls)
+			continue
+		}
+		seen := c.readChanges.Load()
 		v, err := c.unread(park, advertise, advertised)
 		advertise = nil
-		advertised = advertised || v.advertised
+		if v.advertised {
+			advertised = true
+			s.scale = placeSpinScale(len(p)) // it waits for the peer to copy p's worth
+		}
 		if err != nil || v.placed > 0 {
 			return c.endRead(&s, advertised, err)
 		}
 		if v.empty() {
+			s.foundNothing(seen)
 			if s.more() {
 				c.pollWaiting(s.polls)
 				continue

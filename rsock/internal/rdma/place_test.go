@@ -424,6 +424,69 @@ func TestPlaceWriteAwaitsAdvertOnFake(t *testing.T) {
 	}
 }
 
+// TestPlaceAwaitAdvertMisses: a large Write's wait for the next advertisement stops
+// expecting them only after placeMissesMax waits in a row end without one (one late
+// advertisement would send every later Write to the ring); a placement starts the
+// count afresh.
+func TestPlaceAwaitAdvertMisses(t *testing.T) {
+	const addr, rkey = 0xbeef0000, 0x51
+	c, _ := resizingConn(t)
+	expecting := func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.place.expect
+	}
+	c.mu.Lock()
+	c.place.reg, c.place.expect = &fakeRegistrar{}, true
+	c.mu.Unlock()
+	for i := 1; i <= placeMissesMax; i++ {
+		c.awaitAdvert(placeMinRead) // the fake peer never advertises: the wait spins out
+		require.Equal(t, i < placeMissesMax, expecting(), "after %d waits without an advertisement", i)
+	}
+	advertOnFake(t, c, 0, addr, rkey, 0, 1)
+	require.True(t, expecting(), "an advertisement brings the expectation back")
+	_, err := c.Write(streamBytes(9, 6<<10)) // places its first 4 KiB
+	require.NoError(t, err)
+	require.EqualValues(t, 1, placeStats(c).PlacedSent)
+	for range placeMissesMax - 1 {
+		c.awaitAdvert(placeMinRead)
+	}
+	require.True(t, expecting(), "the misses before the placement still counted")
+}
+
+// TestPlaceDeclineBackoff: after declines in a row a reader lets 0, 1, 3 … 63
+// eligible Reads pass before it advertises again: the first decline, usually a
+// writer that was a moment ahead, costs nothing; a writer that never places costs
+// an advertisement per 64 Reads. A placement ends the run.
+func TestPlaceDeclineBackoff(t *testing.T) {
+	c, _ := resizingConn(t)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	answer := func(op flowctl.PlaceOp, n int) int {
+		require.NoError(t, c.onPlaceLocked(flowctl.Arrival{Kind: flowctl.KindPlace, Op: op, Piece: flowctl.Piece{Len: n}}))
+		return c.place.skip
+	}
+	var skips []int
+	for range 9 {
+		skips = append(skips, answer(flowctl.PlaceDecline, 0))
+	}
+	require.Equal(t, []int{0, 1, 3, 7, 15, 31, 63, 63, 63}, skips)
+	require.Zero(t, answer(flowctl.PlacePlaced, flowctl.PlaceUnit))
+	require.Zero(t, answer(flowctl.PlaceDecline, 0), "the first decline after a placement")
+	require.Equal(t, 1, answer(flowctl.PlaceDecline, 0))
+}
+
+// TestPlaceSpinScale: a wait on a placement spins longer the more bytes it waits to
+// see copied, within bounds.
+func TestPlaceSpinScale(t *testing.T) {
+	for _, tc := range []struct{ n, want int }{
+		{0, 1}, {placeMinRead, 1}, {placeSpinUnit, 1}, {3 * placeSpinUnit, 3}, {1 << 20, 8},
+		{placeSpinScaleMax * placeSpinUnit, placeSpinScaleMax}, {1 << 30, placeSpinScaleMax},
+	} {
+		require.Equal(t, tc.want, placeSpinScale(tc.n), "placeSpinScale(%d)", tc.n)
+	}
+}
+
 // TestPlaceStaleRead: ring data that arrives while a Read's buffer is advertised is
 // read as usual (the peer no longer places into the buffer), and the Read lets go of
 // the advertisement before it returns.

@@ -82,10 +82,7 @@ func (p *poller) answerSpinPolls() int {
 // pause is a spinner's wait between an empty poll and the next; polls counts the
 // spinner's polls so far, from one, this one included.
 func (p *poller) pause(polls int) {
-	y := p.sched
-	if y == nil {
-		y = hostYield{}
-	}
+	y := p.spinYielder()
 	switch {
 	case p.yields(): // the poll yielded already
 	case !p.outside || polls%outsideGoschedEvery == 0:
@@ -96,6 +93,14 @@ func (p *poller) pause(polls int) {
 	default:
 		y.Yield()
 	}
+}
+
+// spinYielder is how the poller's spinners yield: sched, or the runtime's and cpuyield's.
+func (p *poller) spinYielder() threadYielder {
+	if p.sched == nil {
+		return hostYield{}
+	}
+	return p.sched
 }
 
 // threadYielder is how pause yields: the runtime's and internal/cpuyield's, or a test's.
