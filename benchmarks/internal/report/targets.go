@@ -68,10 +68,13 @@ func Targets(results []Result) []Target {
 	ratio := func(name, wl string, size int, transport, base string, limit float64, atMost bool) {
 		ratioOf(name, wl, size, transport, base, limit, atMost, figure)
 	}
-	const kib64 = 64 << 10
-	ratio("RsockRDMA stream 64KiB ≥ 0.90× SoftVerbs", workload.Stream, kib64, workload.RsockRDMA, workload.SoftVerbs, 0.90, false)
+	const kib64, mib = 64 << 10, 1 << 20
+	// Issue 15's bounds against raw soft verbs, which copies each byte once in one
+	// goroutine: a socket copies more, and its two ends hand each message over.
+	ratio("RsockRDMA stream 64KiB ≥ 0.5× SoftVerbs", workload.Stream, kib64, workload.RsockRDMA, workload.SoftVerbs, 0.5, false)
+	ratio("RsockRDMA stream 1MiB ≥ 0.7× SoftVerbs", workload.Stream, mib, workload.RsockRDMA, workload.SoftVerbs, 0.7, false)
 	ratio("RsockRDMA stream 64KiB ≥ 2× RawTCP", workload.Stream, kib64, workload.RsockRDMA, workload.RawTCP, 2, false)
-	ratio("RsockRDMA pingpong 64B p50 ≤ 1.5× SoftVerbs", workload.PingPong, 64, workload.RsockRDMA, workload.SoftVerbs, 1.5, true)
+	ratio("RsockRDMA pingpong 64B p50 ≤ 3× SoftVerbs", workload.PingPong, 64, workload.RsockRDMA, workload.SoftVerbs, 3, true)
 	ratio("RsockRDMA pingpong 64B p50 ≤ 0.3× RawTCP", workload.PingPong, 64, workload.RsockRDMA, workload.RawTCP, 0.3, true)
 	ratio("RsockTCP stream 64KiB ≥ 0.97× RawTCP", workload.Stream, kib64, workload.RsockTCP, workload.RawTCP, 0.97, false)
 	ratio("RsockQUIC stream 64KiB ≥ 0.95× RawQUIC", workload.Stream, kib64, workload.RsockQUIC, workload.RawQUIC, 0.95, false)
