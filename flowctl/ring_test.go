@@ -294,3 +294,14 @@ func TestMinimumSizesEndToEnd(t *testing.T) {
 	_, err := runRandom(newModel(cfg), rng, 20000)
 	require.NoError(t, err)
 }
+
+// TestRingHoldsTwoUnits: within the Params' limits every ring holds at least two
+// credit units, the smallest ring with the unit of the largest (UnitRingSize)
+// included. Returning only whole units then never holds back more than half a ring
+// from a writer toward a reader that stopped, which the model checks
+// (model.done); its random configurations keep to two units a ring too.
+func TestRingHoldsTwoUnits(t *testing.T) {
+	if units := MinRingSize / RingUnit(MaxRingSize); units < 2 {
+		t.Errorf("a %d-byte ring with the unit of a %d-byte one holds %d units", MinRingSize, MaxRingSize, units)
+	}
+}
