@@ -141,6 +141,12 @@ type DeviceAttr struct {
 	// Transport is what the device is (its kernel node type): an InfiniBand or RoCE
 	// channel adapter, an iWARP RNIC, or something else. See [Transport].
 	Transport Transport
+	// SoftRoCE says the device is the kernel's Soft-RoCE (rdma_rxe), a RoCE v2 device
+	// the host's kernel implements over a netdev, rather than hardware: its
+	// completions are made by this host's cores, which a thread spinning on its CQ
+	// competes with. Read from sysfs (rxe's parent attribute); false on every other
+	// device, verbs/soft's included.
+	SoftRoCE bool
 	// NumCompVectors is how many completion vectors CreateCQ may name (at least 1).
 	NumCompVectors int
 	Ports          []PortAttr

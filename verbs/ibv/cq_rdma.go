@@ -312,6 +312,14 @@ func (c *cq) FilledOutside() bool { return true }
 
 var _ interface{ FilledOutside() bool } = (*cq)(nil) // the method rsock's engine looks for
 
+// FilledOnHost reports whether the CQ's device is the kernel's Soft-RoCE
+// ([verbs.DeviceAttr.SoftRoCE]): its completions are then produced by this host's
+// cores, so a thread spinning on the CQ keeps giving its core up, however busy the
+// host looks (rsock/internal/rdma's pause).
+func (c *cq) FilledOnHost() bool { return c.ctx.attr.SoftRoCE }
+
+var _ interface{ FilledOnHost() bool } = (*cq)(nil) // the method rsock's engine looks for
+
 // acquire keeps the CQ from being destroyed until release (CreateQP names it).
 func (c *cq) acquire() error {
 	c.mu.Lock()

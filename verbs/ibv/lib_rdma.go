@@ -270,7 +270,7 @@ func (p *provider) describe(c *C.struct_ibv_context, name string) (verbs.DeviceA
 		attr.Ports = append(attr.Ports, port)
 	}
 	attr.MaxInline = p.maxInline(c, name)
-	addSysfsAttrs(sysfsRoot, &attr) // transport and netdevs, which the verbs API does not report
+	addSysfsAttrs(sysfsRoot, &attr) // transport, Soft-RoCE and netdevs, which the verbs API does not report
 	return attr, nil
 }
 

@@ -229,9 +229,11 @@ func sysfsDevices(root string) ([]verbs.DeviceAttr, error) {
 }
 
 // addSysfsAttrs fills the fields of attr that only sysfs knows: the device's transport
-// (node_type) and each port's netdevs (portNetdevs). The GID tables must be filled.
+// (node_type), whether it is Soft-RoCE (readSoftRoCE) and each port's netdevs
+// (portNetdevs). The GID tables must be filled.
 func addSysfsAttrs(root string, attr *verbs.DeviceAttr) {
 	attr.Transport = readTransport(root, attr.Name)
+	attr.SoftRoCE = readSoftRoCE(root, attr.Name)
 	for i := range attr.Ports {
 		p := &attr.Ports[i]
 		p.Netdevs = portNetdevs(root, attr.Name, p.Num, len(attr.Ports), p.GIDs)
@@ -253,6 +255,16 @@ func readTransport(root, device string) verbs.Transport {
 		return verbs.TransportIWARP
 	}
 	return verbs.TransportOther
+}
+
+// readSoftRoCE reports whether a device is the kernel's Soft-RoCE (rdma_rxe): rxe names
+// the netdev it runs over in a parent attribute, which no hardware driver has. (A
+// hardware device also has a device link to its bus device, which rxe lacks; the
+// attribute is the positive sign, so that no hardware device is taken for software.)
+// Soft-iWARP (siw) is not looked for: the selector refuses iWARP.
+func readSoftRoCE(root, device string) bool {
+	_, err := os.Stat(filepath.Join(classDir(root), device, "parent"))
+	return err == nil
 }
 
 // portNetdevs lists the network interfaces of port num of device (nports ports): the

@@ -166,6 +166,20 @@ func TestSysfsDevices(t *testing.T) {
 	require.ErrorContains(t, err, "no testdata/sysfs-missing/class/infiniband (no RDMA devices, or no kernel RDMA support)")
 }
 
+// TestSysfsSoftRoCE: the trees' rxe devices, which carry rxe's parent attribute, are
+// Soft-RoCE; the hardware devices beside them are not.
+func TestSysfsSoftRoCE(t *testing.T) {
+	for _, tree := range []string{"sysfs-multi", "sysfs-holes", "sysfs-roce", "sysfs-ib", "sysfs-iwarp", "sysfs-fake"} {
+		devs, err := sysfsDevices(filepath.Join("testdata", tree))
+		require.NoError(t, err)
+		for _, d := range devs {
+			if want := strings.HasPrefix(d.Name, "rxe"); d.SoftRoCE != want {
+				t.Errorf("%s: %s.SoftRoCE = %v, want %v", tree, d.Name, d.SoftRoCE, want)
+			}
+		}
+	}
+}
+
 func TestReadTransport(t *testing.T) {
 	dir := t.TempDir()
 	for _, tt := range []struct {

@@ -54,6 +54,7 @@ type poller struct {
 	spin     int              // empty polls before sleeping
 	yielder  pollYielder      // cq's, if its empty polls may yield the processor (poller_yield.go)
 	outside  bool             // cq is filled outside the process (poller_yield.go)
+	onHost   bool             // cq is filled by this host's cores: Soft-RoCE (poller_yield.go)
 	sched    threadYielder    // how pause yields; nil: the runtime's (poller_yield.go)
 	capacity int              // CQ entries; attach refuses QPs whose queues would not fit
 
@@ -109,7 +110,7 @@ func newPoller(ctx verbs.Context, capacity, spin, vector int) (*poller, error) {
 		ch.Close()
 		return nil, fmt.Errorf("create CQ of %d entries on completion vector %d: %w", capacity, vector, err)
 	}
-	return &poller{cq: cq, ch: ch, qpCQ: cq, spin: spin, yielder: cqYielder(cq), outside: filledOutside(cq), capacity: capacity, handlers: make(map[uint32]completionHandler),
+	return &poller{cq: cq, ch: ch, qpCQ: cq, spin: spin, yielder: cqYielder(cq), outside: filledOutside(cq), onHost: filledOnHost(cq), capacity: capacity, handlers: make(map[uint32]completionHandler),
 		maxSpinners: int32(runtime.GOMAXPROCS(0)), nudge: make(chan struct{}, 1)}, nil
 }
 

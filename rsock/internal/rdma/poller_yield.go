@@ -40,11 +40,23 @@ func filledOutside(cq completionQueue) bool {
 	return ok && f.FilledOutside()
 }
 
+// hostFiller is implemented by a CQ that says whether what fills it runs on this
+// host's cores: verbs/ibv's FilledOnHost, true on the kernel's Soft-RoCE, whose
+// completions are made by the kernel's packet processing on this host, not by a NIC.
+type hostFiller interface{ FilledOnHost() bool }
+
+// filledOnHost reports whether cq says it is filled by this host's cores.
+func filledOnHost(cq completionQueue) bool {
+	f, ok := cq.(hostFiller)
+	return ok && f.FilledOnHost()
+}
+
 // How a spinner on a CQ filled outside spaces its yields (pause): of
-// outsideYieldEvery empty polls, one yields the thread (cpuyield's policy: a
-// sched_yield, or runtime.Gosched on a contended host), the others look again at
-// once; of outsideGoschedEvery, one is a runtime.Gosched, so that goroutines that
-// share the spinner's processor still run while it spins.
+// outsideYieldEvery empty polls, one yields the thread (a sched_yield; by cpuyield's
+// policy runtime.Gosched on a contended host, unless the CQ is filled by this host's
+// cores), the others look again at once; of outsideGoschedEvery, one is a
+// runtime.Gosched, so that goroutines that share the spinner's processor still run
+// while it spins.
 const (
 	outsideYieldEvery   = 8
 	outsideGoschedEvery = 64
@@ -81,6 +93,16 @@ func (p *poller) answerSpinPolls() int {
 
 // pause is a spinner's wait between an empty poll and the next; polls counts the
 // spinner's polls so far, from one, this one included.
+//
+// A due thread yield follows cpuyield's policy, which on a host that looks contended
+// (a yield took long: someone else ran) yields with runtime.Gosched instead, keeping
+// the core. Toward a NIC that is right: nothing this host runs makes the completion.
+// On a CQ filled by this host's cores (onHost: Soft-RoCE), that someone else was most
+// likely the kernel's packet processing that makes it, so there the thread yields at
+// every due yield, contended or not. In the CI's VM, on a day a yield there often took
+// that long, it took the 64 B round trip from 3-5 ms to 1.0-1.5 ms; yielding every
+// 32nd or 128th poll instead of every 8th made it 1.5 to 8 times slower again
+// (benchmarks/README.md, 2026-11-29).
 func (p *poller) pause(polls int) {
 	y := p.spinYielder()
 	switch {
@@ -88,6 +110,8 @@ func (p *poller) pause(polls int) {
 	case !p.outside || polls%outsideGoschedEvery == 0:
 		y.Gosched()
 	case polls%outsideYieldEvery != 0:
+	case p.onHost:
+		y.YieldNow()
 	case y.Contended():
 		y.Gosched()
 	default:
@@ -107,6 +131,7 @@ func (p *poller) spinYielder() threadYielder {
 type threadYielder interface {
 	Gosched()        // runtime.Gosched
 	Yield()          // cpuyield's policy
+	YieldNow()       // a thread yield (sched_yield), whatever the policy
 	Contended() bool // cpuyield's host is contended
 }
 
@@ -114,4 +139,5 @@ type hostYield struct{}
 
 func (hostYield) Gosched()        { runtime.Gosched() }
 func (hostYield) Yield()          { cpuyield.Host.Yield() }
+func (hostYield) YieldNow()       { cpuyield.SchedYield() }
 func (hostYield) Contended() bool { return cpuyield.Host.Contended() }

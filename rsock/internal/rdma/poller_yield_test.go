@@ -1,6 +1,7 @@
 package rdma
 
 import (
+	"strings"
 	"testing"
 	"testing/synctest"
 
@@ -71,21 +72,30 @@ type outsideCQ struct{ *fakeCQ }
 
 func (outsideCQ) FilledOutside() bool { return true }
 
+// onHostCQ is a fake CQ filled outside the process by this host's cores, as verbs/ibv's
+// on Soft-RoCE.
+type onHostCQ struct{ outsideCQ }
+
+func (onHostCQ) FilledOnHost() bool { return true }
+
 // countingYielder counts pause's yields of each kind.
 type countingYielder struct {
-	gosched, yield int
-	contended      bool
+	gosched, yield, yieldNow int
+	contended                bool
 }
 
 func (y *countingYielder) Gosched()        { y.gosched++ }
 func (y *countingYielder) Yield()          { y.yield++ }
+func (y *countingYielder) YieldNow()       { y.yieldNow++ }
 func (y *countingYielder) Contended() bool { return y.contended }
 
 // TestPause: over outsideGoschedEvery empty polls, a spinner on a CQ this process's
 // goroutines fill (soft's) yields with runtime.Gosched after every one; on a CQ that
 // yields by itself (shm's, host quiet), not at all; on one filled outside (ibv's), it
-// yields its thread after every outsideYieldEvery-th and Goscheds after the last,
-// and on a contended host Goscheds instead of every thread yield.
+// yields its thread after every outsideYieldEvery-th by cpuyield's policy and Goscheds
+// after the last, and on a contended host Goscheds instead of every thread yield; on
+// one filled on this host (ibv's on Soft-RoCE), it yields its thread at the same
+// polls, contended or not.
 func TestPause(t *testing.T) {
 	const polls = outsideGoschedEvery
 	perYield := polls / outsideYieldEvery
@@ -94,6 +104,7 @@ func TestPause(t *testing.T) {
 		cq                 completionQueue
 		contended          bool
 		wantGosched, wantY int
+		wantYNow           int
 	}{
 		{name: "soft", cq: newFakeCQ(), wantGosched: polls},
 		{name: "soft, contended", cq: newFakeCQ(), contended: true, wantGosched: polls},
@@ -101,15 +112,18 @@ func TestPause(t *testing.T) {
 		{name: "does not yield now", cq: yieldingCQ{newFakeCQ(), false}, wantGosched: polls},
 		{name: "filled outside", cq: outsideCQ{newFakeCQ()}, wantGosched: 1, wantY: perYield - 1},
 		{name: "filled outside, contended", cq: outsideCQ{newFakeCQ()}, contended: true, wantGosched: perYield},
+		{name: "filled on this host", cq: onHostCQ{outsideCQ{newFakeCQ()}}, wantGosched: 1, wantYNow: perYield - 1},
+		{name: "filled on this host, contended", cq: onHostCQ{outsideCQ{newFakeCQ()}}, contended: true, wantGosched: 1, wantYNow: perYield - 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			y := &countingYielder{contended: tc.contended}
-			p := &poller{cq: tc.cq, yielder: cqYielder(tc.cq), outside: filledOutside(tc.cq), sched: y}
+			p := &poller{cq: tc.cq, yielder: cqYielder(tc.cq), outside: filledOutside(tc.cq), onHost: filledOnHost(tc.cq), sched: y}
 			for empties := 1; empties <= polls; empties++ {
 				p.pause(empties)
 			}
 			require.Equal(t, tc.wantGosched, y.gosched, "runtime.Gosched calls")
-			require.Equal(t, tc.wantY, y.yield, "thread yields")
+			require.Equal(t, tc.wantY, y.yield, "thread yields by cpuyield's policy")
+			require.Equal(t, tc.wantYNow, y.yieldNow, "thread yields whatever the policy")
 		})
 	}
 }
@@ -188,4 +202,28 @@ func TestReadAfterWriteAwaitsAnswer(t *testing.T) {
 		require.False(t, c.awaitsAnswer(), "an answer awaited on a CQ not filled outside")
 		require.True(t, c.wrote.Load(), "the mark taken on a CQ not filled outside")
 	})
+}
+
+// TestPollerFillers: a connection's poller takes what fills its CQ from the CQ itself:
+// soft's CQ neither outside the process nor on the host's cores; verbs/ibv's outside,
+// and on the host's cores exactly when its device is Soft-RoCE, which every rxe device
+// is (the Soft-RoCE VM names them rxe_*).
+func TestPollerFillers(t *testing.T) {
+	for _, pv := range providersUnderTest(t) {
+		t.Run(pv.name, func(t *testing.T) {
+			w, r := connPair(t, pv.p, Options{})
+			defer w.Close()
+			defer r.Close()
+			attr := w.ep.dev.attr
+			if pv.f != nil {
+				require.False(t, w.poll.outside, "soft's CQ filled outside")
+				require.False(t, w.poll.onHost, "soft's CQ filled on the host's cores")
+				return
+			}
+			t.Logf("device %s, Soft-RoCE %v", attr.Name, attr.SoftRoCE)
+			require.True(t, w.poll.outside, "%s's CQ filled outside", pv.name)
+			require.Equal(t, attr.SoftRoCE, w.poll.onHost, "CQ of %s filled on the host's cores", attr.Name)
+			require.Equal(t, strings.HasPrefix(attr.Name, "rxe"), attr.SoftRoCE, "%s is Soft-RoCE", attr.Name)
+		})
+	}
 }

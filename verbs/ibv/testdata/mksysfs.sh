@@ -11,6 +11,7 @@
 #   <dev>/device/net/<ifname>/dev_port        0-based port of an IPoIB interface
 #   <dev>/device/net/<ifname>/type            32 (ARPHRD_INFINIBAND)
 #   <dev>/node_type                           "1: CA", "4: RNIC" (iWARP)
+#   <dev>/parent                              Soft-RoCE (rxe) only: its netdev
 #
 # Unused GID entries read as all zeros and have no types/ndevs files here (the
 # kernel fails the read instead); neither do InfiniBand GIDs have an ndevs file.
@@ -90,6 +91,7 @@ port $t mlx5_2 2 "4: ACTIVE" Ethernet
 roce_addr $t mlx5_2 2 0 0000:0000:0000:0000:0000:ffff:0a03:0005 eth3
 roce_addr $t mlx5_2 2 2 0000:0000:0000:0000:0000:ffff:0a09:0005 eth3
 port $t rxe0 1 "4: ACTIVE" Ethernet
+echo eth4 >$t/class/infiniband/rxe0/parent
 rm -r $t/class/infiniband/rxe0/ports/1/gid_attrs
 gid $t rxe0 1 0 0000:0000:0000:0000:0000:ffff:0a04:0005
 
@@ -127,6 +129,7 @@ gid $t fake0 1 4 $zero
 # entries), and unused entries up to 9.
 t=sysfs-holes
 port $t rxe0 1 "4: ACTIVE" Ethernet
+echo eth0 >$t/class/infiniband/rxe0/parent
 roce_addr $t rxe0 1 0 fe80:0000:0000:0000:5054:00ff:fe12:3456 eth0
 for i in 2 3 4 5; do gid $t rxe0 1 $i $zero; done
 roce_addr $t rxe0 1 6 0000:0000:0000:0000:0000:ffff:0a4d:0009 eth0
