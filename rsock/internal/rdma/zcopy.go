@@ -316,9 +316,7 @@ func (c *Conn) awaitDirect() error {
 		c.writeParked = true
 		parkChan(&c.writable)
 		c.mu.Unlock()
-		c.parking()
 		<-c.writable // completions, failure and teardown all signal it
-		c.unparked()
 	}
 }
 
