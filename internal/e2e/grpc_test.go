@@ -157,6 +157,17 @@ type observer struct {
 
 func newObserver() *observer { return &observer{ended: make(chan error, 16)} }
 
+// next returns how the next call ended, or, should no call end before ctx does (a
+// handler that never ran), an error that says so rather than a test that hangs.
+func (o *observer) next(ctx context.Context) error {
+	select {
+	case err := <-o.ended:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("no call's handler ended before the test's guard: %w", ctx.Err())
+	}
+}
+
 func (o *observer) Echo(ctx context.Context, req *echosvc.Message) (*echosvc.Message, error) {
 	if string(req.Data) != "wait" {
 		return o.Service.Echo(ctx, req)
@@ -183,19 +194,25 @@ func (o *observer) Chat(stream grpc.BidiStreamingServer[echosvc.Message, echosvc
 // TestGRPCDeadline lets a unary call and a stream run past their deadlines: the client
 // gets DeadlineExceeded, and the server's handler sees its context end. (It ends with
 // DeadlineExceeded if the server's own timer fires first, or Canceled if the client's
-// cancellation arrives first; grpc-go does both.)
+// cancellation arrives first; grpc-go does both.) The connection is made first, by a
+// call without a deadline: grpc-go dials at the first call, and where setting up (an
+// RDMA upgrade and a TLS handshake, in the CI's emulated VM) takes longer than the
+// deadline, the call would end before its request reached the server, whose handler
+// then never runs.
 func TestGRPCDeadline(t *testing.T) {
 	harness.ForEachTransport(t, func(t *testing.T, env *harness.Env) {
 		ctx := harness.Context(t)
 		o := newObserver()
 		s, c, d := grpcPair(t, env, o)
+		_, err := c.Echo(ctx, []byte("connect"))
+		require.NoError(t, err)
 
 		t.Run("unary", func(t *testing.T) {
 			dctx, cancel := context.WithTimeout(ctx, deadline)
 			defer cancel()
 			_, err := c.Echo(dctx, []byte("wait"))
 			require.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
-			requireEnded(t, <-o.ended)
+			requireEnded(t, o.next(ctx))
 		})
 		t.Run("stream", func(t *testing.T) {
 			dctx, cancel := context.WithTimeout(ctx, deadline)
@@ -208,7 +225,7 @@ func TestGRPCDeadline(t *testing.T) {
 			require.Equal(t, "hi", string(m.Data))
 			_, err = stream.Recv() // the server waits for more; the deadline ends the call
 			require.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
-			requireEnded(t, <-o.ended)
+			requireEnded(t, o.next(ctx))
 		})
 		// A deadline ends its call, not the connection: it still works.
 		out, err := c.Echo(ctx, []byte("after"))
@@ -251,7 +268,7 @@ func TestGRPCCancel(t *testing.T) {
 			_, err = stream.Recv()
 		}
 		require.Equal(t, codes.Canceled, status.Code(err), "%v", err)
-		require.ErrorIs(t, <-o.ended, context.Canceled, "server's view")
+		require.ErrorIs(t, o.next(ctx), context.Canceled, "server's view")
 
 		out, err := c.Echo(ctx, []byte("after"))
 		require.NoError(t, err)
