@@ -158,13 +158,15 @@ type observer struct {
 func newObserver() *observer { return &observer{ended: make(chan error, 16)} }
 
 // next returns how the next call ended, or, should no call end before ctx does (a
-// handler that never ran), an error that says so rather than a test that hangs.
+// handler that never ran), an error that says so rather than a test that hangs. That
+// error does not wrap ctx's: the guard's own DeadlineExceeded would pass for the
+// call's.
 func (o *observer) next(ctx context.Context) error {
 	select {
 	case err := <-o.ended:
 		return err
 	case <-ctx.Done():
-		return fmt.Errorf("no call's handler ended before the test's guard: %w", ctx.Err())
+		return fmt.Errorf("no call's handler ended before the test's guard (%v)", ctx.Err())
 	}
 }
 
@@ -406,4 +408,16 @@ func TestGRPCGracefulStop(t *testing.T) {
 		require.NoError(t, s.wait(), "Serve after GracefulStop")
 		requireTransports(t, env, s, d)
 	})
+}
+
+// TestObserverNextGuard: a wait for a handler that the test's guard ends is an error
+// neither requireEnded nor a check for Canceled accepts, so a handler that never ran
+// fails the test rather than passing it as a call that ran out of time.
+func TestObserverNextGuard(t *testing.T) {
+	ctx, cancel := context.WithDeadline(t.Context(), time.Unix(1, 0))
+	defer cancel()
+	err := newObserver().next(ctx)
+	require.Error(t, err)
+	require.NotErrorIs(t, err, context.DeadlineExceeded)
+	require.NotErrorIs(t, err, context.Canceled)
 }
