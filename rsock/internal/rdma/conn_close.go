@@ -238,9 +238,12 @@ func (c *Conn) drain() error {
 		if t == nil {
 			t = time.NewTimer(c.linger)
 		}
+		c.parking()
 		select {
 		case <-drained:
+			c.unparked()
 		case <-t.C:
+			c.unparked()
 			return fmt.Errorf("rdma: close: the peer did not acknowledge the bytes written and the FIN within the linger time of %v: %w", c.linger, ErrLingerTimeout)
 		}
 	}

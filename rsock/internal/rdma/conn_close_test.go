@@ -222,6 +222,7 @@ func TestCloseWithFakeQP(t *testing.T) {
 				done := make(chan error, 1)
 				go func() { done <- c.Close() }()
 				synctest.Wait() // Close is waiting for the FIN, or has returned
+				parked := c.poll.parked.Load()
 				if tt.ackFIN {
 					wrs := q.posted()
 					fin := wrs[len(wrs)-1]
@@ -245,6 +246,10 @@ func TestCloseWithFakeQP(t *testing.T) {
 				c.mu.Lock()
 				require.Equal(t, tt.parks, c.drained != nil, "Close made the channel it parks on")
 				c.mu.Unlock()
+				// A parked Close is counted as the poller's parked waiter (nudge.go),
+				// and no longer once it returned.
+				require.Equal(t, tt.parks, parked == 1, "counted parked while Close waited")
+				require.Zero(t, c.poll.parked.Load(), "counted parked after Close")
 				require.True(t, released(c), "the endpoint was not released")
 				_, err = c.ctrl.Write([]byte{'K'})
 				require.ErrorIs(t, err, io.ErrClosedPipe, "the control channel is open")

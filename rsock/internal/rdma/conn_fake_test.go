@@ -126,6 +126,7 @@ func closableFakeConn(t *testing.T, q *fakeQP, linger time.Duration) *Conn {
 	t.Helper()
 	c := newFakeConn(t, q)
 	c.ep = &Endpoint{poller: newFakePoller(newFakeCQ(), 64, 0)}
+	c.poll = c.ep.poller
 	c.linger = linger
 	return c
 }

@@ -15,7 +15,8 @@ import "runtime"
 // goroutines fill (soft), a thread yield every few polls on one filled outside (ibv).
 // The goroutine remains for when nobody is waiting (WQEs must be re-posted and credit
 // returned whether or not the application reads); while waiters spin it stands by,
-// polling nothing, and the last of them to stop nudges it (poller.standBy, endSpin).
+// polling nothing, and the last of them to stop nudges it (poller.standBy, endSpin),
+// or leaves that to the next waiter (nudge.go).
 // So a waiter holds its slot only while it polls, never across anything that may
 // block.
 //
@@ -113,23 +114,11 @@ func (c *Conn) beginSpin(answer bool) int {
 		p.endSpin()
 		return 0
 	}
+	p.takeOver() // nudge.go
 	if answer {
 		return p.answerSpinPolls()
 	}
 	return p.spin
-}
-
-// endSpin gives back a spinning slot. The last spinner to leave nudges the poller's
-// goroutine if it stands by (poller.standBy): from now on nobody else polls the CQ.
-// A waiter must give its slot back before anything that may block (a Read of the
-// reader ReadFrom copies from, say), since the goroutine stands by while it holds it.
-func (p *poller) endSpin() {
-	if p.spinners.Add(-1) == 0 && p.standby.Load() {
-		select {
-		case p.nudge <- struct{}{}:
-		default: // a nudge is pending already
-		}
-	}
 }
 
 // heldTokenYieldEvery spaces a waiter's yields to whoever holds the poller's token:

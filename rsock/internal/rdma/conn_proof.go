@@ -52,6 +52,19 @@ type proofState struct {
 	err  error
 	// arrived, if set (OnProof), is told once the proof has arrived.
 	arrived ProofHandler
+	// watched: ProofDone or OnProof waits on the poller's dispatch, counted as a
+	// parked waiter (Conn.parking) until the wait is over.
+	watched bool
+}
+
+// watchProofLocked counts a wait for the proof through ProofDone or OnProof as a
+// parked waiter of the poller, once: from now on only the poller's dispatch ends it.
+// Called with mu held.
+func (c *Conn) watchProofLocked() {
+	if !c.proof.got && !c.proof.watched {
+		c.proof.watched = true
+		c.parking()
+	}
 }
 
 // finishProofLocked records the outcome of the wait for the peer's proof, once. Called
@@ -67,6 +80,9 @@ func (c *Conn) finishProofLocked(n int, err error) {
 	c.proof.arrived = nil
 	if c.proof.done != nil {
 		close(c.proof.done)
+	}
+	if c.proof.watched {
+		c.unparked()
 	}
 }
 
@@ -108,6 +124,7 @@ func (c *Conn) onProof(wc *verbs.WorkCompletion) {
 func (c *Conn) OnProof(h ProofHandler) {
 	c.mu.Lock()
 	c.proof.arrived = h
+	c.watchProofLocked()
 	c.mu.Unlock()
 }
 
@@ -163,6 +180,7 @@ func (c *Conn) ProofDone() <-chan struct{} {
 			close(c.proof.done)
 		}
 	}
+	c.watchProofLocked()
 	return c.proof.done
 }
 

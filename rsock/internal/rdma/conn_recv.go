@@ -321,6 +321,8 @@ func (c *Conn) waitReadable() error {
 		return os.ErrDeadlineExceeded
 	default:
 	}
+	c.parking()
+	defer c.unparked()
 	select {
 	case <-c.readable: // made by unread, which marked this Read parked; Close signals it too
 		return nil

@@ -396,6 +396,8 @@ func (c *Conn) waitWritable() error {
 		return os.ErrDeadlineExceeded
 	default:
 	}
+	c.parking()
+	defer c.unparked()
 	select {
 	case <-c.writable: // made by the writer as it parked; Close signals it too
 		return nil

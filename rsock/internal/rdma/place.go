@@ -429,9 +429,12 @@ func (c *Conn) readPlaced() int {
 			parkChan(&c.readable)
 			ch := c.readable
 			c.mu.Unlock()
+			c.parking()
 			select {
 			case <-ch: // an answer, a failure and teardown signal it
+				c.unparked()
 			case <-pl.cancelTimer.C:
+				c.unparked()
 				c.mu.Lock()
 				c.failLocked(fmt.Errorf("%w: the peer did not answer the withdrawal of a read buffer within %v", ErrProtocol, placeCancelTimeout))
 				c.mu.Unlock()

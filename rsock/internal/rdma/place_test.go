@@ -541,9 +541,17 @@ func TestPlaceCancelUnansweredOnFake(t *testing.T) {
 		c.place.mr = mr
 		c.mu.Unlock()
 
+		c.poll = newFakePoller(newFakeCQ(), 64, 0)
+		parked := make(chan int32, 1)
+		go func() {
+			synctest.Wait() // the Read waits for the answer
+			parked <- c.poll.parked.Load()
+		}()
 		start := time.Now()
 		require.Zero(t, c.readPlaced())
 		require.Equal(t, placeCancelTimeout, time.Since(start), "waited for the answer")
+		require.Equal(t, int32(1), <-parked, "counted parked while it waited (nudge.go)")
+		require.Zero(t, c.poll.parked.Load(), "counted parked after")
 		require.ErrorIs(t, connErr(c), ErrProtocol)
 		require.ErrorContains(t, connErr(c), "did not answer")
 		require.Equal(t, 1, q.toErrors(), "QP to ERROR")

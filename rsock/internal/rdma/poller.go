@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/rsockio/rsock/verbs"
 )
@@ -88,6 +89,18 @@ type poller struct {
 	// leaves and nudges it (endSpin): see run.
 	standby atomic.Bool
 	nudge   chan struct{} // cap 1
+
+	// The last spinner to leave defers its nudge while nobody is parked (nudge.go):
+	// owed until a new spinner takes the polling over, a waiter parks, or late pays
+	// it. parked counts the waiters parked on what this poller's dispatch signals
+	// (Conn.parking); deferrals counts deferred nudges, lateMark their count when late
+	// was armed or last looked, and lateArmed is set while late runs.
+	owed      atomic.Bool
+	parked    atomic.Int32
+	deferrals atomic.Uint64
+	lateMark  atomic.Uint64
+	lateArmed atomic.Bool
+	late      *time.Timer
 }
 
 // caughtUpSince reports whether the poller has seen its CQ empty after the moment its
@@ -110,8 +123,10 @@ func newPoller(ctx verbs.Context, capacity, spin, vector int) (*poller, error) {
 		ch.Close()
 		return nil, fmt.Errorf("create CQ of %d entries on completion vector %d: %w", capacity, vector, err)
 	}
-	return &poller{cq: cq, ch: ch, qpCQ: cq, spin: spin, yielder: cqYielder(cq), outside: filledOutside(cq), onHost: filledOnHost(cq), capacity: capacity, handlers: make(map[uint32]completionHandler),
-		maxSpinners: int32(runtime.GOMAXPROCS(0)), nudge: make(chan struct{}, 1)}, nil
+	p := &poller{cq: cq, ch: ch, qpCQ: cq, spin: spin, yielder: cqYielder(cq), outside: filledOutside(cq), onHost: filledOnHost(cq), capacity: capacity, handlers: make(map[uint32]completionHandler),
+		maxSpinners: int32(runtime.GOMAXPROCS(0))}
+	p.initNudge()
+	return p, nil
 }
 
 // reserve claims entries CQ entries for a QP about to be created on this CQ. It fails
@@ -159,6 +174,7 @@ func (p *poller) detach(qpn uint32) {
 		close(p.stop)
 		p.stop = nil
 		done = p.done
+		p.stopNudge() // nobody to nudge
 	}
 	p.mu.Unlock()
 	if done != nil {
@@ -179,6 +195,7 @@ func (p *poller) handlerList() []completionHandler {
 
 // close destroys the CQ and channel. The poller must be idle.
 func (p *poller) close() error {
+	p.late.Stop()
 	return errors.Join(p.cq.Close(), p.ch.Close())
 }
 

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -118,8 +119,9 @@ func (r *recorder) got() ([]uint64, []error) {
 }
 
 func newFakePoller(cq *fakeCQ, capacity, spin int) *poller {
-	return &poller{cq: cq, ch: fakeEvents{cq}, spin: spin, capacity: capacity, handlers: make(map[uint32]completionHandler), maxSpinners: 2,
-		nudge: make(chan struct{}, 1)}
+	p := &poller{cq: cq, ch: fakeEvents{cq}, spin: spin, capacity: capacity, handlers: make(map[uint32]completionHandler), maxSpinners: 2}
+	p.initNudge()
+	return p
 }
 
 // TestPollerDispatchesByQPN checks that completions reach the handler of their QP, in
@@ -273,7 +275,8 @@ func TestPollersSpreadOverVectors(t *testing.T) {
 
 // TestPollerStandsByWhileWaitersSpin: while a waiter holds a spinning slot, the
 // goroutine neither polls the CQ nor arms it (the waiter's polls serve everyone), and
-// the waiter that gives the last slot back nudges it into polling again.
+// the waiter that gives the last slot back nudges it into polling again, nudgeGrace
+// later with nobody parked (nudge_test.go has the rest of that).
 func TestPollerStandsByWhileWaitersSpin(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cq := newFakeCQ()
@@ -299,7 +302,8 @@ func TestPollerStandsByWhileWaitersSpin(t *testing.T) {
 		require.Equal(t, arms, cq.arms, "arms while standing by")
 		cq.mu.Unlock()
 
-		p.endSpin() // the last slot: the goroutine takes over
+		p.endSpin() // the last slot: the goroutine takes over, once the grace is over
+		time.Sleep(nudgeGrace)
 		synctest.Wait()
 		wa, _ = a.got()
 		require.Equal(t, []uint64{1, 2}, wa, "dispatched once the waiter stopped spinning")

@@ -316,7 +316,9 @@ func (c *Conn) awaitDirect() error {
 		c.writeParked = true
 		parkChan(&c.writable)
 		c.mu.Unlock()
+		c.parking()
 		<-c.writable // completions, failure and teardown all signal it
+		c.unparked()
 	}
 }
 

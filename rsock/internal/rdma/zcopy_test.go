@@ -423,6 +423,7 @@ func TestWriteDirectCompletesBeforeReturn(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, len(buf), n)
 	require.Equal(t, 1, directRegistered(a), "the Write was direct")
+	require.Zero(t, a.poll.parked.Load(), "a wait for the device counted parked after it (nudge.go)")
 	clear(buf)
 	got := make([]byte, len(want))
 	_, err = io.ReadFull(b, got)
@@ -475,10 +476,11 @@ func TestWriteDirectInterrupted(t *testing.T) {
 			require.Eventually(t, func() bool {
 				a.mu.Lock()
 				defer a.mu.Unlock()
-				return a.writeParked && a.fc.Writable() == 0
+				return a.writeParked && a.fc.Writable() == 0 && a.poll.parked.Load() == 1 // counted: nudge.go
 			}, 10*time.Second, time.Millisecond)
 			tc.interrupt(t, f, a, b)
 			r := <-done
+			require.Zero(t, a.poll.parked.Load(), "counted parked after the Write returned")
 			require.True(t, slices.ContainsFunc(tc.wantErr, func(e error) bool { return errors.Is(r.err, e) }),
 				"Write's error %v is none of %v", r.err, tc.wantErr)
 			require.Positive(t, r.n)
