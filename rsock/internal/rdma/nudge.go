@@ -41,8 +41,17 @@ import "time"
 // waiter before the goroutine is woken, and half the most it waits: far longer than
 // an application takes between one Read's return and its next wait, short next to
 // what waits on completions nobody waits for (a keepalive period, a peer's writer out
-// of receive WQEs because this side does not read).
-const nudgeGrace = 10 * time.Millisecond
+// of receive WQEs because this side does not read). Every wait that depends on the
+// dispatch spins or parks, so nothing an application waits for waits on late.
+//
+// Each time late fires, and each time a deferral arms it anew, the runtime wakes a
+// thread (late's function runs in a goroutine of its own; a timer that becomes the
+// earliest wakes the netpoller's). A runtime trace of a spinning 64 B ping-pong on
+// Soft-RoCE in the CI's VM counted about 480 idle processors started per second, 150
+// to 230 of them for late at 10 ms. At 100 ms, in one boot of six interleaved rounds,
+// the round trip's p50 went from 0.81-1.06 ms (median 0.96) to 0.79-1.03 ms (0.90),
+// p99 unchanged (benchmarks/README.md, 2026-11-29).
+const nudgeGrace = 100 * time.Millisecond
 
 // initNudge makes the poller's nudge channel and its late timer, stopped.
 func (p *poller) initNudge() {
