@@ -114,7 +114,8 @@
 // A plain client that waits for the server to speak first is recognized only after
 // [Config.PlainSniffTimeout] (200 ms by default) without a byte from it, and so hears
 // from the server that much later. An rsock client sends the hello's first bytes
-// before it prepares its RDMA device, so a slow device does not make it look plain.
+// before it finds and prepares its RDMA device, so a slow device does not make it
+// look plain.
 //
 // What a Listener's clients can hold before they have proven anything is bounded: the
 // handshakes in progress ([Config.MaxConcurrentHandshakes]), and over RDMA the

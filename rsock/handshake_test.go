@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 
 	"github.com/rsockio/rsock/fallback"
 	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/auto"
 	"github.com/rsockio/rsock/verbs/soft"
 )
 
@@ -414,6 +416,29 @@ func TestPlainClients(t *testing.T) {
 		}
 		cfg := *ccfg
 		cfg.Provider = &gatedProvider{Provider: fab, gate: sniffed}
+		c, err := Dial("tcp", ln.Addr().String(), &cfg)
+		require.NoError(t, err)
+		defer c.Close()
+		require.Equal(t, TransportRDMA, c.Transport(), "client: %v", c.FallbackReason())
+		require.Equal(t, "rsock\n", banner(c))
+		talk(c, "still rsock")
+	})
+	t.Run("RsockDefaultProvider", func(t *testing.T) {
+		// The same with no provider configured: finding the default one (verbs/auto's
+		// probe, which lists and opens devices) ends only once the server decided.
+		select {
+		case <-sniffed:
+		default:
+		}
+		var probe sync.Once
+		autoDefault = func() (verbs.Provider, error) {
+			probe.Do(func() { <-sniffed })
+			return fab, nil
+		}
+		autoFresh = func() bool { return false }
+		t.Cleanup(func() { autoDefault, autoFresh = auto.Default, auto.Fresh })
+		cfg := *ccfg
+		cfg.Provider = nil
 		c, err := Dial("tcp", ln.Addr().String(), &cfg)
 		require.NoError(t, err)
 		defer c.Close()

@@ -121,8 +121,13 @@ func (d *dialState) sendMagic() error {
 // deviceCold reports whether this side would prepare an RDMA endpoint on a device that
 // is not warm (rdma.Warm): one whose listing or opening can take long. Without a
 // provider, or with a warm device, the hello goes out in one write. shm, when not nil, is
-// the same-host provider this dial uses in place of Config's.
+// the same-host provider this dial uses in place of Config's. A default provider not
+// found yet counts as cold: finding it lists and opens devices (verbs/auto), which on
+// a slow host took longer than a Listener's PlainSniffTimeout.
 func (d *dialState) deviceCold(shm verbs.Provider) bool {
+	if shm == nil && !d.cfg.providerKnown() {
+		return true
+	}
 	p, err := d.cfg.provider()
 	if shm != nil {
 		p, err = shm, nil

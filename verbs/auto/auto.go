@@ -56,10 +56,30 @@ type cache struct {
 	expiry time.Time // zero: keep forever
 }
 
+// Fresh reports whether [Default] would answer now from its cache, without probing,
+// which lists and opens devices and can take long on a slow host. It never waits:
+// while another call probes, it reports false. rsock's dialer sends its hello's first
+// bytes ahead of a probe, so that a server does not take a slow probe for a client
+// that speaks no rsock.
+func Fresh() bool { return defaultCache.fresh() }
+
+func (c *cache) fresh() bool {
+	if !c.mu.TryLock() {
+		return false // a probe is under way, or a get that is about to answer
+	}
+	defer c.mu.Unlock()
+	return c.validLocked()
+}
+
+// validLocked reports whether the cached answer stands. Called with mu held.
+func (c *cache) validLocked() bool {
+	return c.done && (c.expiry.IsZero() || c.now().Before(c.expiry))
+}
+
 func (c *cache) get() (verbs.Provider, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.done && (c.expiry.IsZero() || c.now().Before(c.expiry)) {
+	if c.validLocked() {
 		return c.p, c.err
 	}
 	c.p, c.err = c.probe()

@@ -102,3 +102,36 @@ func TestUsable(t *testing.T) {
 		require.ErrorIs(t, err, verbs.ErrNoDevice, tt.name)
 	}
 }
+
+// TestFresh: fresh reports a cached answer that stands, and never waits for a probe
+// under way.
+func TestFresh(t *testing.T) {
+	clock := time.Unix(1000, 0)
+	var probeErr error
+	probing, release := make(chan struct{}), make(chan struct{})
+	c := &cache{
+		probe: func() (verbs.Provider, error) {
+			probing <- struct{}{}
+			<-release
+			return nil, probeErr
+		},
+		now: func() time.Time { return clock },
+	}
+	require.False(t, c.fresh(), "before the first probe")
+
+	got := make(chan error)
+	go func() { _, err := c.get(); got <- err }()
+	<-probing
+	require.False(t, c.fresh(), "while a probe runs (and without waiting for it)")
+	close(release)
+	require.NoError(t, <-got)
+	require.True(t, c.fresh(), "a provider found is kept")
+
+	// A "no device" answer stands for RetryInterval.
+	c = &cache{probe: func() (verbs.Provider, error) { return nil, verbs.ErrNoDevice }, now: func() time.Time { return clock }}
+	_, err := c.get()
+	require.ErrorIs(t, err, verbs.ErrNoDevice)
+	require.True(t, c.fresh(), "within RetryInterval")
+	clock = clock.Add(RetryInterval)
+	require.False(t, c.fresh(), "once RetryInterval passed")
+}
