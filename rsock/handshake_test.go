@@ -405,6 +405,16 @@ func TestPlainClients(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, strings.ToUpper("\x89x\n"), got, "the sniffed byte is handed on")
 	})
+	// upgrades dials with cfg and requires an RDMA connection the server took for rsock.
+	upgrades := func(t *testing.T, cfg *Config) {
+		t.Helper()
+		c, err := Dial("tcp", ln.Addr().String(), cfg)
+		require.NoError(t, err)
+		defer c.Close()
+		require.Equal(t, TransportRDMA, c.Transport(), "client: %v", c.FallbackReason())
+		require.Equal(t, "rsock\n", banner(c))
+		talk(c, "still rsock")
+	}
 	t.Run("Rsock", func(t *testing.T) {
 		// A device slower than the sniff: the client's device listing ends only once
 		// the server has decided what the client is. The client sent the hello's magic
@@ -416,12 +426,7 @@ func TestPlainClients(t *testing.T) {
 		}
 		cfg := *ccfg
 		cfg.Provider = &gatedProvider{Provider: fab, gate: sniffed}
-		c, err := Dial("tcp", ln.Addr().String(), &cfg)
-		require.NoError(t, err)
-		defer c.Close()
-		require.Equal(t, TransportRDMA, c.Transport(), "client: %v", c.FallbackReason())
-		require.Equal(t, "rsock\n", banner(c))
-		talk(c, "still rsock")
+		upgrades(t, &cfg)
 	})
 	t.Run("RsockDefaultProvider", func(t *testing.T) {
 		// The same with no provider configured: finding the default one (verbs/auto's
@@ -439,12 +444,7 @@ func TestPlainClients(t *testing.T) {
 		t.Cleanup(func() { autoDefault, autoFresh = auto.Default, auto.Fresh })
 		cfg := *ccfg
 		cfg.Provider = nil
-		c, err := Dial("tcp", ln.Addr().String(), &cfg)
-		require.NoError(t, err)
-		defer c.Close()
-		require.Equal(t, TransportRDMA, c.Transport(), "client: %v", c.FallbackReason())
-		require.Equal(t, "rsock\n", banner(c))
-		talk(c, "still rsock")
+		upgrades(t, &cfg)
 	})
 	require.NoError(t, ln.Close())
 	require.ErrorIs(t, <-served, net.ErrClosed)

@@ -147,6 +147,24 @@ func TestNudgeAtOnceWhenParked(t *testing.T) {
 	})
 }
 
+// requireParkedWhile runs wait, which must park on c, in a synctest bubble: once
+// everything is blocked it requires c's poller to count one waiter parked, then fails
+// c, and requires wait to end with that failure and the count back to zero.
+func requireParkedWhile(t *testing.T, c *Conn, what string, wait func() error) {
+	t.Helper()
+	parked := make(chan int32, 1)
+	go func() {
+		synctest.Wait()
+		parked <- c.poll.parked.Load()
+		c.mu.Lock()
+		c.failLocked(errTestDone)
+		c.mu.Unlock()
+	}()
+	require.ErrorIs(t, wait(), errTestDone)
+	require.Equal(t, int32(1), <-parked, "parked while %s waited", what)
+	require.Zero(t, c.poll.parked.Load(), "parked after %s", what)
+}
+
 // TestParkedWaitersCounted: every wait of a Conn that parks on what the poller's
 // dispatch signals counts itself parked while it waits, and no longer after: a Read, a
 // Write, a wait for the peer's proof.
@@ -154,18 +172,10 @@ func TestParkedWaitersCounted(t *testing.T) {
 	t.Run("read", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			c, _, _ := pollingConn(t, 0)
-			parked := make(chan int32, 1)
-			go func() {
-				synctest.Wait()
-				parked <- c.poll.parked.Load()
-				c.mu.Lock()
-				c.failLocked(errTestDone)
-				c.mu.Unlock()
-			}()
-			_, err := c.Read(make([]byte, 8))
-			require.ErrorIs(t, err, errTestDone)
-			require.Equal(t, int32(1), <-parked, "parked while the Read waited")
-			require.Zero(t, c.poll.parked.Load(), "parked after the Read")
+			requireParkedWhile(t, c, "the Read", func() error {
+				_, err := c.Read(make([]byte, 8))
+				return err
+			})
 		})
 	})
 	t.Run("write", func(t *testing.T) {
@@ -175,18 +185,10 @@ func TestParkedWaitersCounted(t *testing.T) {
 				_, err := c.Write([]byte{1})
 				require.NoError(t, err)
 			}
-			parked := make(chan int32, 1)
-			go func() {
-				synctest.Wait()
-				parked <- c.poll.parked.Load()
-				c.mu.Lock()
-				c.failLocked(errTestDone)
-				c.mu.Unlock()
-			}()
-			_, err := c.Write([]byte{1})
-			require.ErrorIs(t, err, errTestDone)
-			require.Equal(t, int32(1), <-parked, "parked while the Write waited")
-			require.Zero(t, c.poll.parked.Load(), "parked after the Write")
+			requireParkedWhile(t, c, "the Write", func() error {
+				_, err := c.Write([]byte{1})
+				return err
+			})
 		})
 	})
 	t.Run("proof", func(t *testing.T) {
