@@ -52,10 +52,11 @@
 // goroutine, which stands by meanwhile, and completions signal a waiter only when it
 // is parked. The last spinner to leave hands the CQ back to the goroutine only when
 // someone needs it (nudge.go): a waiter parks, or nobody has spun again for
-// nudgeGrace (100 ms; paid within twice that). The client's wait for the peer's
-// proof polls the same way ([Conn.SpinProof]). The goroutines that come and go with connections (a poller's,
-// a device's event listener) wait on a stopCtx (stopctx.go), which costs a connection
-// that restarts them one allocation each rather than context.WithCancel's three.
+// nudgeGrace (100 ms; paid within twice that). The client's wait for the peer's proof
+// polls the same way ([Conn.SpinProof]). The goroutines that come and go with
+// connections (a poller's, a device's event listener) wait on a stopCtx (stopctx.go),
+// which costs a connection that restarts them one allocation each rather than
+// context.WithCancel's three.
 //
 // # Isolation
 //
