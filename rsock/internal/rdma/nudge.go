@@ -46,9 +46,11 @@ import "time"
 //
 // Each time late fires, and each time a deferral arms it anew, the runtime wakes a
 // thread (late's function runs in a goroutine of its own; a timer that becomes the
-// earliest wakes the netpoller's). A runtime trace of a spinning 64 B ping-pong on
-// Soft-RoCE in the CI's VM counted about 480 idle processors started per second, 150
-// to 230 of them for late at 10 ms. At 100 ms, in one boot of six interleaved rounds,
+// earliest wakes the netpoller's). Runtime traces of a spinning 64 B ping-pong on
+// Soft-RoCE in the CI's VM counted 420-480 idle processors started per second; with
+// late at 10 ms, 72-78 of them ran its goroutine and 151-165 found nothing to run
+// (21 and 30 at 100 ms, in a build that also dropped the spinners' Gosched). At 100
+// ms, in one boot of six interleaved rounds,
 // the round trip's p50 went from 0.81-1.06 ms (median 0.96) to 0.79-1.03 ms (0.90),
 // p99 unchanged (benchmarks/README.md, 2026-11-29).
 const nudgeGrace = 100 * time.Millisecond
