@@ -446,6 +446,27 @@ func TestPlainClients(t *testing.T) {
 		cfg.Provider = nil
 		upgrades(t, &cfg)
 	})
+	t.Run("SameHost", func(t *testing.T) {
+		// A same-host client with no provider configured offers shared memory: it
+		// need not find the default provider, slow or not, before its hello, and the
+		// server takes it for rsock (and declines: its own provider is configured).
+		select {
+		case <-sniffed:
+		default:
+		}
+		autoDefault = func() (verbs.Provider, error) {
+			<-sniffed
+			return nil, verbs.ErrNoDevice
+		}
+		autoFresh = func() bool { return false }
+		t.Cleanup(func() { autoDefault, autoFresh = auto.Default, auto.Fresh })
+		cfg := *ccfg
+		cfg.Provider, cfg.DisableSHM = nil, false
+		c, err := Dial("tcp", ln.Addr().String(), &cfg)
+		require.NoError(t, err)
+		defer c.Close()
+		require.Equal(t, "rsock\n", banner(c), "client: %s, %v", c.Transport(), c.FallbackReason())
+	})
 	require.NoError(t, ln.Close())
 	require.ErrorIs(t, <-served, net.ErrClosed)
 }

@@ -125,15 +125,15 @@ func (d *dialState) sendMagic() error {
 // found yet counts as cold: finding it lists and opens devices (verbs/auto), which on
 // a slow host took longer than a Listener's PlainSniffTimeout.
 func (d *dialState) deviceCold(shm verbs.Provider) bool {
-	if shm == nil && !d.cfg.providerKnown() {
-		return true
-	}
-	p, err := d.cfg.provider()
-	if shm != nil {
-		p, err = shm, nil
-	}
-	if err != nil {
-		return false
+	p := shm
+	if p == nil {
+		if !d.cfg.providerKnown() {
+			return true
+		}
+		var err error
+		if p, err = d.cfg.provider(); err != nil {
+			return false
+		}
 	}
 	ip, ok := localIP(d.boot)
 	return ok && !rdma.Warm(p, ip, d.cfg.rdmaOptions())
