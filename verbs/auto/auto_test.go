@@ -107,13 +107,12 @@ func TestUsable(t *testing.T) {
 // under way.
 func TestFresh(t *testing.T) {
 	clock := time.Unix(1000, 0)
-	var probeErr error
 	probing, release := make(chan struct{}), make(chan struct{})
 	c := &cache{
 		probe: func() (verbs.Provider, error) {
 			probing <- struct{}{}
 			<-release
-			return nil, probeErr
+			return nil, nil
 		},
 		now: func() time.Time { return clock },
 	}

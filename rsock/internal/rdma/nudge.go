@@ -50,9 +50,9 @@ import "time"
 // Soft-RoCE in the CI's VM counted 420-480 idle processors started per second; with
 // late at 10 ms, 72-78 of them ran its goroutine and 151-165 found nothing to run
 // (21 and 30 at 100 ms, in a build that also dropped the spinners' Gosched). At 100
-// ms, in one boot of six interleaved rounds,
-// the round trip's p50 went from 0.81-1.06 ms (median 0.96) to 0.79-1.03 ms (0.90),
-// p99 unchanged (benchmarks/README.md, 2026-11-29).
+// ms, in one boot of six interleaved rounds, the round trip's p50 went from 0.81-1.06
+// ms (median 0.96) to 0.79-1.03 ms (0.90), p99 unchanged (benchmarks/README.md,
+// 2026-11-29).
 const nudgeGrace = 100 * time.Millisecond
 
 // initNudge makes the poller's nudge channel and its late timer, stopped.
