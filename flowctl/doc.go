@@ -175,6 +175,40 @@
 // When to resize is the engine's policy, not the protocol's: it can grow a ring a
 // stream keeps full and shrink it when the connection idles.
 //
+// # Growing the receive queue
+//
+// Every message takes a receive WQE, whatever its length, so a stream of small messages
+// runs out of WQE credit long before it fills the ring: with W WQEs it has at most W
+// messages in flight, and the rest of the ring waits. WQEs are cheap to hold but not
+// free (each reserves a completion-queue entry), so a receiver may start with few and
+// add more while such a stream runs. Unlike a ring, a posted WQE cannot be taken back:
+// the queue only grows, to a bound each side names in its hello ([Params].GrowWQEsTo).
+//
+// Growing needs no message. The receiver posts n more WQEs and calls
+// [Endpoint.GrowWQEs]; from then on it owes the peer n more WQE credits, exactly as if
+// it had re-posted n WQEs for n messages, and the next message returns them in its
+// immediate. The peer, which would reject credit for messages it never sent
+// ([ErrCreditOverflow]), takes credit beyond its outstanding messages as WQEs added,
+// as long as the total stays within the receiver's GrowWQEsTo. Which credit it counts
+// as which does not matter: its WQE limit, the peer's WQEs plus all the credit
+// returned, is exact either way, and an honest receiver's credit beyond the messages
+// outstanding never exceeds what it grew.
+//
+// Nothing else changes. The arguments above hold with the larger count: every WQE the
+// receiver holds is posted before its credit can leave, so no message finds none; the
+// update threshold scales with the count and stays at most half of it, so a writer out
+// of WQE credit is still owed an update; and a growth adds a bounded number of owed
+// credits, so the updates it makes due die out like any others. A peer that did not
+// name a GrowWQEsTo (from before growth existed) takes no surplus, and a receiver facing
+// it does not grow: the engine knows from its hello.
+//
+// The model tests grow either side's queue at every point of small exchanges and at
+// random in long ones, with the invariants above. A receiver that counts WQEs as credit
+// without posting them is caught (RNR), and so is a peer that takes no surplus.
+//
+// When to grow is the engine's policy: when a one-way stream makes a standalone update
+// due by WQE count while most of the ring is free, WQEs, not bytes, bound it.
+//
 // # Direct placement
 //
 // A receiver copies every byte out of its ring into the application's buffer. For a
@@ -234,7 +268,7 @@
 // Nothing the peer sends is trusted. [Endpoint.OnArrival] rejects an immediate that does
 // not decode or does not match its byte length ([ErrMalformed]), data beyond the ring
 // space granted ([ErrRingOverrun]), more messages than WQEs granted ([ErrWQEOverrun]),
-// credit for bytes or messages never sent ([ErrCreditOverflow]) and data or a second FIN
+// credit for bytes or messages never sent, beyond the WQEs it may add ([ErrCreditOverflow]) and data or a second FIN
 // after the FIN ([ErrAfterFIN]), a resize or switch out of turn or to a ring out of
 // range ([ErrBadResize]), and a placement out of turn ([ErrBadPlace]). The error is sticky; the engine closes the connection.
 //
@@ -263,6 +297,9 @@
 // buffered, return io.EOF if [Endpoint.PeerClosed], else wait for data. When the
 // application is not reading, after an arrival and at the end of every read, spill
 // what [Endpoint.Spillable] hands out (see "Spilling").
+//
+// To grow the receive queue (see "Growing the receive queue"): post the new receive WQEs,
+// call [Endpoint.GrowWQEs], then NextControl.
 //
 // After each of these, and after [Endpoint.CloseWrite]: post what [Endpoint.NextControl]
 // hands out until it returns false. That sends the FIN once credit allows, and the

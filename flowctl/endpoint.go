@@ -84,6 +84,13 @@ type Params struct {
 	// Zero means RingSize: the unit of the first ring, which every ring up to 512 KiB
 	// shares.
 	UnitRingSize int
+	// GrowWQEsTo, if not zero, is the most receive WQEs the side may come to keep
+	// posted by adding to them while the stream runs ([Endpoint.GrowWQEs]): from
+	// RecvWQEs to MaxRecvWQEs. Its peer then takes WQE credit beyond the messages it
+	// sent, up to the growth this allows, as the new WQEs. Zero means RecvWQEs: the
+	// side never grows, and such credit from it is a protocol violation. See the
+	// package docs, "Growing the receive queue".
+	GrowWQEsTo int
 }
 
 // Validate reports whether p is in range, wrapping [ErrBadParams] if not.
@@ -100,8 +107,14 @@ func (p Params) validate(side string) error {
 	if u := p.UnitRingSize; u != 0 && (u < p.RingSize || u > MaxRingSize || u&(u-1) != 0) {
 		return fmt.Errorf("%w: %sunit ring size %d is not a power of two in [%d, %d]", ErrBadParams, side, u, p.RingSize, MaxRingSize)
 	}
+	if g := p.GrowWQEsTo; g != 0 && (g < p.RecvWQEs || g > MaxRecvWQEs) {
+		return fmt.Errorf("%w: %sreceive WQEs grow to %d, want [%d, %d]", ErrBadParams, side, g, p.RecvWQEs, MaxRecvWQEs)
+	}
 	return nil
 }
+
+// maxWQEs is the most receive WQEs the side may keep posted.
+func (p Params) maxWQEs() uint64 { return uint64(max(p.RecvWQEs, p.GrowWQEsTo)) }
 
 // unitRing is the ring size whose credit unit the side's rings have.
 func (p Params) unitRing() uint64 { return uint64(max(p.RingSize, p.UnitRingSize)) }
@@ -161,7 +174,8 @@ type Endpoint struct {
 	peerRing      uint64 // size of the peer's ring, a power of two
 	peerUnitShift uint   // log2 of the peer ring's credit unit
 	peerUnitRing  uint64 // the peer's Params.UnitRingSize: resizes it announces keep its unit
-	peerWQEs      uint64 // receive WQEs the peer keeps posted
+	peerWQEs      uint64 // receive WQEs the peer keeps posted, as far as its credit shows (see GrowWQEs)
+	peerMaxWQEs   uint64 // the most it may grow them to
 	prod          uint64 // producer cursor: ring bytes reserved so far
 	granted       uint64 // the peer's consumer cursor as last returned: we may write below granted+peerRing
 	sent          uint64 // messages of every kind handed out
@@ -177,11 +191,13 @@ type Endpoint struct {
 	unitShift   uint   // log2 of our ring's credit unit
 	unitRing    uint64 // our Params.UnitRingSize: resizes keep its unit
 	wqes        uint64 // receive WQEs we keep posted
+	maxWQEs     uint64 // the most GrowWQEs may take them to
+	grown       uint64 // WQEs GrowWQEs added: owed to the peer as credit like reaped ones
 	arrived     uint64 // bytes that have landed in the ring
 	consumed    uint64 // bytes the application has consumed
 	returned    uint64 // consumer cursor as told to the peer, a whole number of units
 	reaped      uint64 // messages received (each re-posted a WQE)
-	wqeReturned uint64 // WQE credits told to the peer
+	wqeReturned uint64 // WQE credits told to the peer: at most reaped plus grown
 	peerFIN     bool   // the peer's FIN has arrived
 	ringBase    uint64 // stream cursor at which our current ring began
 	oldRing     uint64 // size of the ring the last switch replaced, while it holds bytes; else 0
@@ -258,11 +274,13 @@ func newEndpoint(local, peer Params) Endpoint {
 		peerUnitShift: unitShift(peer.unitRing()),
 		peerUnitRing:  uint64(peer.UnitRingSize),
 		peerWQEs:      uint64(peer.RecvWQEs),
+		peerMaxWQEs:   peer.maxWQEs(),
 		wqeLimit:      uint64(peer.RecvWQEs),
 		ring:          ring,
 		unitShift:     unitShift(local.unitRing()),
 		unitRing:      uint64(local.UnitRingSize),
 		wqes:          wqes,
+		maxWQEs:       local.maxWQEs(),
 		pol: policy{
 			reserve:    ReservedCredits,
 			lastCredit: true,

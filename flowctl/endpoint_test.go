@@ -269,8 +269,8 @@ func FuzzPeer(f *testing.F) {
 		fuzzOp{op: 10}, fuzzOp{op: 9}, fuzzOp{op: 5},
 	))
 	f.Fuzz(func(t *testing.T, ops []byte) {
-		const ring, wqes = 64, 4
-		p := Params{RingSize: ring, RecvWQEs: wqes}
+		const ring, wqes, growTo = 64, 4, 12
+		p := Params{RingSize: ring, RecvWQEs: wqes, GrowWQEsTo: growTo}
 		e := newEndpoint(p, p)
 		peerRing, ownRing := uint64(ring), uint64(ring) // the largest each ring has been
 		for len(ops) >= 9 {
@@ -332,11 +332,15 @@ func FuzzPeer(f *testing.F) {
 					units = 1 + (b>>8)%4
 				}
 				fuzzArrival(t, &e, n, placeImm(op, (b>>16)%8, units), uint32(e.prod)+ring/2-a%(2*ring))
+			case 13: // this side adds receive WQEs
+				if err := e.GrowWQEs(int(a%8) - 1); err != nil && !errors.Is(err, ErrBadParams) && err != e.err {
+					t.Fatalf("GrowWQEs: %v", err)
+				}
 			}
 			peerRing, ownRing = max(peerRing, e.peerRing, e.switchTo), max(ownRing, e.ring, e.resizing)
 			if e.sent > e.wqeLimit || e.granted > e.prod || e.prod-e.granted > peerRing ||
 				e.returned > e.consumed || e.consumed > e.arrived || e.arrived-e.returned > ownRing ||
-				e.reaped-e.wqeReturned > wqes || e.wqeLimit-e.peerWQEs > e.sent {
+				e.owedWQEs() > e.wqes || e.wqes > growTo || e.peerWQEs > growTo || e.wqeLimit-e.peerWQEs > e.sent {
 				t.Fatalf("invariant broken: %+v", e)
 			}
 			// One advertisement at a time each way, of whole units; one placeable only

@@ -103,6 +103,7 @@ type mSide struct {
 	peerBufAt  uint64   // the cursor that advertisement continues
 	placedOut  uint64   // stream bytes this side placed into the peer's buffers: written minus the ring cursor
 	placedIn   uint64   // stream bytes the application got by placement
+	grows      int      // times this side's engine may still add receive WQEs
 }
 
 // ringCursor is the cursor of the next byte this side writes into the peer's ring:
@@ -131,8 +132,13 @@ type modelConfig struct {
 	resizes    [2]int // resizes each side's engine may ask for: to half or double its ring
 	ringRange  [2]int // smallest and largest ring a resize may name
 	adverts    [2]int // advertisements each side's reader may make when it waits for data
-	rpc        bool   // random runs: writers mostly wait for their reader to advertise
-	tweak      func(p *policy)
+	grows      [2]int // times each side's engine may add receive WQEs: one, or doubling them
+	growTo     [2]int // the most receive WQEs each side may grow to (Params.GrowWQEsTo)
+	// Rules of growing the model tests break on purpose.
+	growUnposted bool // side 1's engine owes the peer credit for WQEs it never posted
+	peerNoGrow   bool // side 0 takes side 1 for a peer that never grows
+	rpc          bool // random runs: writers mostly wait for their reader to advertise
+	tweak        func(p *policy)
 }
 
 func pattern(side int, cursor uint64) byte {
@@ -143,7 +149,12 @@ func newModel(cfg *modelConfig) *model {
 	m := &model{cfg: cfg}
 	for i := range 2 {
 		s := &m.side[i]
-		s.ep = newEndpoint(Params{RingSize: cfg.ring[i], RecvWQEs: cfg.wqes[i]}, Params{RingSize: cfg.ring[1-i], RecvWQEs: cfg.wqes[1-i]})
+		local := Params{RingSize: cfg.ring[i], RecvWQEs: cfg.wqes[i], GrowWQEsTo: cfg.growTo[i]}
+		peer := Params{RingSize: cfg.ring[1-i], RecvWQEs: cfg.wqes[1-i], GrowWQEsTo: cfg.growTo[1-i]}
+		if cfg.peerNoGrow && i == 0 {
+			peer.GrowWQEsTo = 0
+		}
+		s.ep = newEndpoint(local, peer)
 		s.ep.unitShift = cfg.unitShift[i]
 		s.ep.peerUnitShift = cfg.unitShift[1-i]
 		s.ep.pol.minRing = 1
@@ -158,6 +169,7 @@ func newModel(cfg *modelConfig) *model {
 		s.spillLimit = cfg.spill[i]
 		s.stopRead, s.readFirst = cfg.stopRead[i], uint64(cfg.readFirst[i])
 		s.adverts = cfg.adverts[i]
+		s.grows = cfg.grows[i]
 	}
 	return m
 }
@@ -205,6 +217,7 @@ const (
 	actCancel                   // side's reader withdraws its advertisement
 	actPlace                    // side's application writes n bytes into the peer's advertised buffer
 	actDecline                  // side's engine declines the peer's advertisement
+	actGrow                     // side's engine posts n more receive WQEs and calls GrowWQEs
 )
 
 type action struct {
@@ -214,8 +227,8 @@ type action struct {
 }
 
 func (a action) String() string {
-	name := [...]string{"reap", "write", "read", "close", "keepalive", "spill", "resize", "advertise", "cancel", "place", "decline"}[a.kind]
-	if a.kind == actWrite || a.kind == actRead || a.kind == actResize || a.kind == actAdvertise || a.kind == actPlace {
+	name := [...]string{"reap", "write", "read", "close", "keepalive", "spill", "resize", "advertise", "cancel", "place", "decline", "grow"}[a.kind]
+	if a.kind == actWrite || a.kind == actRead || a.kind == actResize || a.kind == actAdvertise || a.kind == actPlace || a.kind == actGrow {
 		return fmt.Sprintf("%d:%s(%d)", a.side, name, a.n)
 	}
 	return fmt.Sprintf("%d:%s", a.side, name)
@@ -278,6 +291,12 @@ func (m *model) actions(acts []action) []action {
 			}
 			if r*2 <= m.cfg.ringRange[1] {
 				acts = append(acts, action{actResize, i, r * 2})
+			}
+		}
+		if w, most := s.ep.WQEs(), max(m.cfg.growTo[i], m.cfg.wqes[i]); s.grows > 0 && w < most {
+			acts = append(acts, action{actGrow, i, 1})
+			if d := min(w, most-w); d > 1 {
+				acts = append(acts, action{actGrow, i, d})
 			}
 		}
 	}
@@ -423,6 +442,15 @@ func (m *model) step(a action) error {
 		}
 		s.rings = append(s.rings, newRing(a.n))
 		s.resizes--
+	case actGrow:
+		s.grows--
+		if m.cfg.growUnposted && i == 1 {
+			s.ep.grown += uint64(a.n) // credit owed for WQEs that are not there
+			break
+		}
+		if err := s.ep.GrowWQEs(a.n); err != nil {
+			return fmt.Errorf("side %d: GrowWQEs(%d) on %d: %w", i, a.n, s.ep.WQEs(), err)
+		}
 	case actKeepalive:
 		msg, ok := s.ep.Keepalive()
 		if !ok {
@@ -635,6 +663,9 @@ func (m *model) check() error {
 		if s.sent > s.wqeLimit {
 			return fmt.Errorf("%s: negative WQE credit: %d sent, limit %d", dir, s.sent, s.wqeLimit)
 		}
+		if s.peerWQEs > x.wqes {
+			return fmt.Errorf("%s: sender counts %d receive WQEs, the receiver posted %d", dir, s.peerWQEs, x.wqes)
+		}
 		// Messages toward x: landed and not reaped, or reaped.
 		inflight := uint64(len(rcvr.cq))
 		var data uint64
@@ -664,9 +695,9 @@ func (m *model) check() error {
 		}
 		// Every one of x's WQEs is in exactly one place: credit at s, a message on the
 		// way or landed, owed by x, or credit on its way back.
-		if got := s.credit() + inflight + (x.reaped - x.wqeReturned) + wqeC; got != x.wqes {
+		if got := s.credit() + inflight + x.owedWQEs() + wqeC; got != x.wqes {
 			return fmt.Errorf("%s: WQE credit leaked or duplicated: %d credit + %d in flight + %d owed + %d returning = %d, want %d",
-				dir, s.credit(), inflight, x.reaped-x.wqeReturned, wqeC, got, x.wqes)
+				dir, s.credit(), inflight, x.owedWQEs(), wqeC, got, x.wqes)
 		}
 		if x.returned != s.granted+ringC {
 			return fmt.Errorf("%s: ring credit leaked: receiver returned up to %d, sender knows %d + %d returning", dir, x.returned, s.granted, ringC)
@@ -807,7 +838,8 @@ func (m *model) key(h *maphash.Hash, b []byte) (uint64, []byte) {
 			e.peerRing, e.peerBase, e.switchTo, e.ring, e.ringBase, e.oldRing, e.switchAt, e.resizeTo, e.resizing,
 			uint64(s.resizes), uint64(s.cur), uint64(s.writeGen), s.mailbox, uint64(len(s.rings)),
 			e.peerAdvert, e.peerAdvertAt, e.advertTo, e.advert, e.advertAt, uint64(s.adverts),
-			uint64(s.buf.id), uint64(len(s.buf.data)), uint64(s.advMail.id), uint64(s.advMail.lo32), uint64(s.peerBuf), s.peerBufAt, s.placedOut, s.placedIn)
+			uint64(s.buf.id), uint64(len(s.buf.data)), uint64(s.advMail.id), uint64(s.advMail.lo32), uint64(s.peerBuf), s.peerBufAt, s.placedOut, s.placedIn,
+			e.wqes, e.grown, e.peerWQEs, uint64(s.grows))
 		b = append(b, flags(e.finRequested, e.finSent, e.peerFIN, s.closed, s.finIn, e.switchDue),
 			flags(e.peerAdvertNew, e.declineDue, e.advertStale, e.cancelDue, e.canceled, s.buf.lent))
 		for _, msg := range s.cq {
@@ -976,6 +1008,13 @@ func exhaustiveConfigs() []*modelConfig {
 			total: [2]uint64{1, 1}, close: [2]bool{true, true}, adverts: [2]int{1, 1}, maxWrite: 1},
 		{name: "place: one way, while the ring is resized", ring: [2]int{2, 2}, wqes: [2]int{4, 4},
 			total: [2]uint64{3, 0}, close: [2]bool{true, false}, resizes: [2]int{0, 1}, ringRange: [2]int{2, 4}, adverts: [2]int{0, 1}, maxWrite: 2},
+		// Growing the receive queue: a receiver adds WQEs, one or doubling them, at any
+		// point of the stream; the writer learns of them from the credit.
+		{name: "grow: one way, the receiver grows while streaming", ring: [2]int{8, 8}, wqes: [2]int{4, 4},
+			total: [2]uint64{7, 0}, close: [2]bool{true, false}, grows: [2]int{0, 2}, growTo: [2]int{0, 9}, maxWrite: 1},
+		{name: "grow: both ways, both grow, small immediates", ring: [2]int{2, 2}, wqes: [2]int{4, 4},
+			total: [2]uint64{1, 1}, close: [2]bool{true, true}, grows: [2]int{1, 1}, growTo: [2]int{8, 5}, maxWrite: 1,
+			tweak: func(p *policy) { p.maxWQE = p.wqeUpdate }},
 	}
 	if *deep {
 		cfgs = append(cfgs,
@@ -1046,6 +1085,11 @@ func TestModelFindsBrokenRules(t *testing.T) {
 		// arrives, looks for bytes still coming to the old ring, or buffered in it, in
 		// the wrong ring.
 		{"resize: the receiver switches rings when it announces the new one", func(p *policy) { p.resizeEarly = true }, "Unread names an old ring before any switch arrived"},
+		// WQE credit for WQEs never posted: a writer that spends it finds none.
+		{"grow: credit for WQEs not posted", nil, "WQE credit leaked or duplicated"},
+		// A peer that does not know the receiver grows takes the new WQEs' credit for
+		// credit of messages it never sent.
+		{"grow: toward a peer that takes no surplus credit", nil, "WQE credits returned"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -1060,6 +1104,11 @@ func TestModelFindsBrokenRules(t *testing.T) {
 				if strings.Contains(tt.name, "announces") {
 					cfg.resizes[1] = 1
 				}
+			}
+			if strings.HasPrefix(tt.name, "grow") {
+				cfg.total, cfg.grows, cfg.growTo = [2]uint64{4, 0}, [2]int{0, 1}, [2]int{0, 8}
+				cfg.growUnposted = strings.Contains(tt.name, "not posted")
+				cfg.peerNoGrow = strings.Contains(tt.name, "no surplus")
 			}
 			cfg.name, cfg.tweak = tt.name, tt.tweak
 			_, err := explore(&cfg, 200, 1_000_000)
@@ -1227,6 +1276,13 @@ func randomConfig(rng *rand.Rand) *modelConfig {
 		cfg.rpc = rng.IntN(2) == 0
 	}
 	if rng.IntN(3) == 0 {
+		// Receive queues that grow, by one WQE or doubling, at random times.
+		for i := range 2 {
+			cfg.growTo[i] = cfg.wqes[i] + rng.IntN(40)
+			cfg.grows[i] = rng.IntN(5)
+		}
+	}
+	if rng.IntN(3) == 0 {
 		// Immediates that hold little: owed credit is carried over several messages. An
 		// update must still return the WQE credit that made it due, or updates would
 		// answer updates forever (see TestModelFindsBrokenRules).
@@ -1241,7 +1297,7 @@ func TestModelRandom(t *testing.T) {
 	if *deep {
 		runs, steps = 5000, 20000
 	}
-	total, switches, placed := 0, 0, uint64(0)
+	total, switches, placed, grown := 0, 0, uint64(0), uint64(0)
 	for run := range runs {
 		seed := uint64(run)
 		rng := rand.New(rand.NewPCG(seed, 0x5eed))
@@ -1252,8 +1308,10 @@ func TestModelRandom(t *testing.T) {
 		total += n
 		switches += m.side[0].cur + m.side[1].cur
 		placed += m.side[0].ep.stats.PlacedSent + m.side[1].ep.stats.PlacedSent
+		grown += m.side[0].ep.grown + m.side[1].ep.grown
 	}
-	t.Logf("%d runs, %d steps, %d rings switched, %d placements", runs, total, switches, placed)
+	t.Logf("%d runs, %d steps, %d rings switched, %d placements, %d WQEs added", runs, total, switches, placed, grown)
+	require.Positive(t, grown, "no run grew a receive queue")
 	require.Positive(t, switches, "no run resized a ring")
 	require.Positive(t, placed, "no run placed bytes")
 }

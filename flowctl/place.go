@@ -161,7 +161,7 @@ func (e *Endpoint) placeControl(op PlaceOp) Msg {
 // takePlaceCredit builds the immediate of a placement message, carrying the WQE credit
 // owed; ring credit waits for the next message, as the field holds the placement.
 func (e *Endpoint) takePlaceCredit(op PlaceOp, units uint32) uint32 {
-	w := min(e.reaped-e.wqeReturned, e.pol.maxWQE)
+	w := min(e.owedWQEs(), e.pol.maxWQE)
 	e.wqeReturned += w
 	return Imm{Kind: KindPlace, WQECredits: uint32(w), Op: op, PlaceUnits: units}.pack()
 }

@@ -40,8 +40,8 @@ func (e *Endpoint) OnArrival(byteLen, imm uint32) (Arrival, error) {
 	if err != nil {
 		return e.fail(err)
 	}
-	if e.reaped-e.wqeReturned >= e.wqes {
-		return e.fail(fmt.Errorf("%w: message %d with %d WQEs granted", ErrWQEOverrun, e.reaped+1, e.wqes+e.wqeReturned))
+	if e.owedWQEs() >= e.wqes {
+		return e.fail(fmt.Errorf("%w: message %d with %d WQEs granted", ErrWQEOverrun, e.reaped+1, e.wqes-e.grown+e.wqeReturned))
 	}
 	n := uint64(byteLen)
 	switch m.Kind {
@@ -73,9 +73,12 @@ func (e *Endpoint) OnArrival(byteLen, imm uint32) (Arrival, error) {
 			return e.fail(err)
 		}
 	}
-	w := uint64(m.WQECredits)
+	w, added := uint64(m.WQECredits), uint64(0)
 	if used := e.sent - (e.wqeLimit - e.peerWQEs); w > used {
-		return e.fail(fmt.Errorf("%w: %d WQE credits returned, %d outstanding", ErrCreditOverflow, w, used))
+		// Credit beyond the messages sent is WQEs the peer added (GrowWQEs).
+		if added = w - used; e.peerWQEs+added > e.peerMaxWQEs {
+			return e.fail(fmt.Errorf("%w: %d WQE credits returned, %d outstanding and %d more WQEs allowed", ErrCreditOverflow, w, used, e.peerMaxWQEs-e.peerWQEs))
+		}
 	}
 	r := uint64(m.RingCredits) << e.peerUnitShift
 	if used := e.prod - e.granted; r > used {
@@ -83,6 +86,7 @@ func (e *Endpoint) OnArrival(byteLen, imm uint32) (Arrival, error) {
 	}
 
 	e.reaped++
+	e.peerWQEs += added
 	e.wqeLimit += w
 	e.granted += r
 	a := Arrival{Kind: m.Kind, Credited: w != 0 || r != 0}
@@ -199,9 +203,13 @@ func (e *Endpoint) PeerClosed() bool { return e.peerFIN }
 // Both thresholds matter for progress: a peer that is out of either kind of credit is
 // owed at least the threshold (see the package docs).
 func (e *Endpoint) updateDue() bool {
-	return e.reaped-e.wqeReturned >= e.pol.wqeUpdate ||
+	return e.owedWQEs() >= e.pol.wqeUpdate ||
 		(!e.peerFIN && e.returnable() >= e.pol.ringUpdate)
 }
+
+// owedWQEs is how many WQE credits this side owes the peer: the WQEs re-posted for
+// messages received, and those GrowWQEs added, that no message has returned yet.
+func (e *Endpoint) owedWQEs() uint64 { return e.reaped + e.grown - e.wqeReturned }
 
 // returnable is how much ring credit this side may return now: the bytes consumed since
 // the last return, rounded down to whole units.
@@ -214,7 +222,7 @@ func (e *Endpoint) returnable() uint64 {
 // returned here, before the message is posted, is safe: the peer cannot use it before
 // the message arrives, and the caller posts every message it is handed.
 func (e *Endpoint) takeCredit(kind Kind) uint32 {
-	w := min(e.reaped-e.wqeReturned, e.pol.maxWQE)
+	w := min(e.owedWQEs(), e.pol.maxWQE)
 	e.wqeReturned += w
 	if kind == KindResize {
 		// The ring field names the new ring; owed ring credit waits for the next message.

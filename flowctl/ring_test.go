@@ -225,6 +225,11 @@ func TestParamsValidate(t *testing.T) {
 		{Params{RingSize: MinRingSize, RecvWQEs: 64, UnitRingSize: 3 << 20}, false},
 		{Params{RingSize: MinRingSize, RecvWQEs: 64, UnitRingSize: 2 * MaxRingSize}, false},
 		{Params{RingSize: MinRingSize, RecvWQEs: 64, UnitRingSize: -1}, false},
+		{Params{RingSize: MinRingSize, RecvWQEs: 64, GrowWQEsTo: 64}, true},
+		{Params{RingSize: MinRingSize, RecvWQEs: 64, GrowWQEsTo: MaxRecvWQEs}, true},
+		{Params{RingSize: MinRingSize, RecvWQEs: 64, GrowWQEsTo: 63}, false},
+		{Params{RingSize: MinRingSize, RecvWQEs: 64, GrowWQEsTo: MaxRecvWQEs + 1}, false},
+		{Params{RingSize: MinRingSize, RecvWQEs: 64, GrowWQEsTo: -1}, false},
 	}
 	for _, tt := range tests {
 		err := tt.p.Validate()

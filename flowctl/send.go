@@ -200,7 +200,7 @@ func (e *Endpoint) controlCredit() bool {
 	case c >= 2:
 		return true
 	case c == 1:
-		return !e.pol.lastCredit || e.reaped > e.wqeReturned
+		return !e.pol.lastCredit || e.owedWQEs() > 0
 	}
 	return false
 }

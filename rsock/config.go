@@ -176,7 +176,11 @@ type Config struct {
 	// ring that grows, else 64 KiB.
 	SendBufferSize int
 	// RecvWQEs is the number of receive work requests each connection keeps posted,
-	// 8 to 32768; it is the peer's initial work-request credit. Default 64.
+	// 8 to 32768; it is the peer's initial work-request credit. Zero, the default,
+	// starts at 64 and doubles, to 128, while a one-way stream of messages small
+	// against the ring runs out of them (each takes one, whatever its size); requests
+	// and responses never grow it. A value set here is kept as set: the queue does not
+	// grow.
 	RecvWQEs int
 	// MaxRDMAConns, if positive, caps the RDMA connections open at once on each RDMA
 	// device of the process (the count is per device, shared by every Config that uses

@@ -49,8 +49,8 @@ func (r *Config) check() error {
 		return bad("SendBufferSize", r.SendBufferSize, fmt.Sprintf("%d (1 KiB) to %d (1 GiB), or 0 for the default (half of GrowRingTo up to 256 KiB, or %d for a fixed ring)",
 			minSendBuffer, maxSendBuffer, rdma.DefaultSendBufferSize))
 	case r.RecvWQEs != 0 && (r.RecvWQEs < rdma.MinRecvWQEs || r.RecvWQEs > flowctl.MaxRecvWQEs):
-		return bad("RecvWQEs", r.RecvWQEs, fmt.Sprintf("%d to %d, or 0 for the default, %d",
-			rdma.MinRecvWQEs, flowctl.MaxRecvWQEs, rdma.DefaultRecvWQEs))
+		return bad("RecvWQEs", r.RecvWQEs, fmt.Sprintf("%d to %d, or 0 for the default, %d growing to %d",
+			rdma.MinRecvWQEs, flowctl.MaxRecvWQEs, rdma.DefaultRecvWQEs, rdma.DefaultGrowRecvWQEsTo))
 	case r.ReadBufferSize > rdma.MaxReadBufferSize:
 		return bad("ReadBufferSize", r.ReadBufferSize, fmt.Sprintf("at most %d (1 GiB), 0 for the default, %d, or negative for none",
 			rdma.MaxReadBufferSize, DefaultReadBufferSize))

@@ -79,7 +79,7 @@ var configCases = []struct {
 		}},
 	{field: "RecvWQEs",
 		bad: []badConfig{
-			{func(c *Config) { c.RecvWQEs = 1 << 20 }, "RecvWQEs is 1048576, want 8 to 32768, or 0 for the default, 64"},
+			{func(c *Config) { c.RecvWQEs = 1 << 20 }, "RecvWQEs is 1048576, want 8 to 32768, or 0 for the default, 64 growing to 128"},
 			{func(c *Config) { c.RecvWQEs = -5 }, "RecvWQEs is -5, want 8 to 32768"},
 			{func(c *Config) { c.RecvWQEs = 7 }, "RecvWQEs is 7, want 8 to 32768"},
 		},

@@ -214,6 +214,13 @@
 //   - rsock does not protect against a fabric peer that floods or breaks connections:
 //     RDMA offers no way to tell its packets from the real peer's short of encryption,
 //     which detects them but cannot stop them.
+//   - A Listener's limits count queue pairs and registered memory, not completion-queue
+//     entries. Each RDMA connection reserves 129 entries of a shared completion queue
+//     at the defaults, and a peer that streams small messages one way makes its
+//     connection's receive queue grow and reserve up to 193 ([Config.RecvWQEs]); a
+//     queue holds 16,384, and the engine creates another when one is full. The
+//     device's memory for them is bounded by MaxRDMAConnsPerRemote connections'
+//     worth, not by a budget of its own.
 //
 // # Proving the path
 //

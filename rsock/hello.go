@@ -9,6 +9,7 @@ import (
 	"math/bits"
 	"sync"
 
+	"github.com/rsockio/rsock/flowctl"
 	"github.com/rsockio/rsock/verbs"
 )
 
@@ -97,6 +98,19 @@ import (
 // whose hello ends with the endpoint (from before the byte), each ring's unit is
 // that of its size, and rings grow to 512 KiB at most.
 //
+// Four more bytes may follow that byte, appended within version 2 (a hello that has
+// them has the byte):
+//
+//	+---------------------------------------------------------------+
+//	|               Grow Receive WQEs To (32)                       |
+//	+---------------------------------------------------------------+
+//
+// It is the most receive WQEs the sender may come to keep posted (flowctl's
+// Params.GrowWQEsTo), from Receive WQEs to 32,768: equal to Receive WQEs when its queue
+// does not grow. Its presence also says that the sender takes WQE credit beyond the
+// messages it sent, up to the growth the peer's hello names, as WQEs the peer added.
+// A side grows its receive queue only toward a peer whose hello carries the field.
+//
 // The ring's address and rkey are not in the hello (version 1 carried them): they
 // travel only in the proof, over the new queue pairs, once the peer has shown it holds
 // this connection's nonces (see upgrade.go). A party that sees or replays the bootstrap
@@ -131,6 +145,7 @@ const (
 	helloCapsLen    = 4
 	rdmaEndpointLen = 52
 	unitRingLen     = 1 // the optional byte after the endpoint
+	growWQEsLen     = 4 // the optional field after that byte
 	nonceLen        = 16
 	minRingLog2     = 12
 	maxRingLog2     = 30
@@ -189,6 +204,10 @@ type rdmaEndpoint struct {
 	// UnitRingSize is the ring whose credit unit every ring of the sender has, a
 	// power of two of at least RingSize; zero when the hello did not carry it.
 	UnitRingSize uint32
+	// GrowRecvWQEsTo is the most receive WQEs the sender may come to keep posted, at
+	// least RecvWQEs; zero when the hello did not carry it. It is sent only with
+	// UnitRingSize.
+	GrowRecvWQEsTo uint32
 }
 
 // hello is one decoded hello message.
@@ -252,6 +271,9 @@ func (e *rdmaEndpoint) appendTo(b []byte) []byte {
 	b = append(b, e.Nonce[:]...)
 	if e.UnitRingSize != 0 {
 		b = append(b, byte(bits.TrailingZeros32(e.UnitRingSize)))
+		if e.GrowRecvWQEsTo != 0 {
+			b = binary.BigEndian.AppendUint32(b, e.GrowRecvWQEsTo)
+		}
 	}
 	return b
 }
@@ -317,7 +339,7 @@ func decodeHello(b []byte) (hello, int, error) {
 		if h.rdma, err = decodeRDMAEndpoint(body[helloCapsLen:]); err != nil {
 			return hello{}, 0, err
 		}
-		if err = h.rdma.decodeUnitRing(body[helloCapsLen+rdmaEndpointLen:]); err != nil {
+		if err = h.rdma.decodeTrailer(body[helloCapsLen+rdmaEndpointLen:]); err != nil {
 			return hello{}, 0, err
 		}
 	case helloDecline:
@@ -362,9 +384,10 @@ func decodeRDMAEndpoint(b []byte) (rdmaEndpoint, error) {
 	return e, nil
 }
 
-// decodeUnitRing decodes the optional byte after the endpoint from rest, what follows
-// the endpoint in the body; without it, UnitRingSize stays zero.
-func (e *rdmaEndpoint) decodeUnitRing(rest []byte) error {
+// decodeTrailer decodes the optional fields after the endpoint from rest, what follows
+// the endpoint in the body: the unit ring's byte, then the receive queue's growth. A
+// field the hello lacks stays zero.
+func (e *rdmaEndpoint) decodeTrailer(rest []byte) error {
 	if len(rest) < unitRingLen {
 		return nil
 	}
@@ -373,6 +396,15 @@ func (e *rdmaEndpoint) decodeUnitRing(rest []byte) error {
 		return fmt.Errorf("%w: unit ring 2^%d is outside 2^%d..2^%d", ErrBadHello, l, bits.TrailingZeros32(e.RingSize), maxRingLog2)
 	}
 	e.UnitRingSize = 1 << l
+	rest = rest[unitRingLen:]
+	if len(rest) < growWQEsLen {
+		return nil
+	}
+	g := binary.BigEndian.Uint32(rest)
+	if g < e.RecvWQEs || g > flowctl.MaxRecvWQEs {
+		return fmt.Errorf("%w: receive WQEs grow from %d to %d, want at most %d", ErrBadHello, e.RecvWQEs, g, flowctl.MaxRecvWQEs)
+	}
+	e.GrowRecvWQEsTo = g
 	return nil
 }
 

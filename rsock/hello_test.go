@@ -27,13 +27,23 @@ var sampleEndpoint = rdmaEndpoint{
 	MaxInline: 220,
 	Nonce:     nonce{0: 0xa0, 7: 0x77, 15: 0x0f},
 
-	UnitRingSize: 4 << 20,
+	UnitRingSize:   4 << 20,
+	GrowRecvWQEsTo: 256,
 }
 
-// legacyEndpoint is sampleEndpoint as a hello from before the unit ring carries it.
+// legacyEndpoint is sampleEndpoint as a hello from before the unit ring carries it
+// (and with it the receive queue's growth).
 var legacyEndpoint = func() rdmaEndpoint {
 	e := sampleEndpoint
-	e.UnitRingSize = 0
+	e.UnitRingSize, e.GrowRecvWQEsTo = 0, 0
+	return e
+}()
+
+// unitRingEndpoint is sampleEndpoint as a hello from before the receive queue's growth
+// carries it: the unit ring's byte ends it.
+var unitRingEndpoint = func() rdmaEndpoint {
+	e := sampleEndpoint
+	e.GrowRecvWQEsTo = 0
 	return e
 }()
 
@@ -43,12 +53,14 @@ func TestHelloRoundTrip(t *testing.T) {
 		size int
 	}{
 		{offerHello(nil), helloHeaderLen + helloCapsLen},
-		{offerHello(&sampleEndpoint), helloHeaderLen + helloCapsLen + rdmaEndpointLen + unitRingLen},
-		{acceptHello(sampleEndpoint), helloHeaderLen + helloCapsLen + rdmaEndpointLen + unitRingLen},
+		{offerHello(&sampleEndpoint), helloHeaderLen + helloCapsLen + rdmaEndpointLen + unitRingLen + growWQEsLen},
+		{acceptHello(sampleEndpoint), helloHeaderLen + helloCapsLen + rdmaEndpointLen + unitRingLen + growWQEsLen},
 		{offerHello(&legacyEndpoint), helloHeaderLen + helloCapsLen + rdmaEndpointLen},
+		{offerHello(&unitRingEndpoint), helloHeaderLen + helloCapsLen + rdmaEndpointLen + unitRingLen},
+		{acceptHello(unitRingEndpoint), helloHeaderLen + helloCapsLen + rdmaEndpointLen + unitRingLen},
 		{acceptHello(legacyEndpoint), helloHeaderLen + helloCapsLen + rdmaEndpointLen},
-		{withCaps(offerHello(&sampleEndpoint), capPlace), helloHeaderLen + helloCapsLen + rdmaEndpointLen + unitRingLen},
-		{withCaps(acceptHello(sampleEndpoint), capPlace|capSHM), helloHeaderLen + helloCapsLen + rdmaEndpointLen + unitRingLen},
+		{withCaps(offerHello(&sampleEndpoint), capPlace), helloHeaderLen + helloCapsLen + rdmaEndpointLen + unitRingLen + growWQEsLen},
+		{withCaps(acceptHello(sampleEndpoint), capPlace|capSHM), helloHeaderLen + helloCapsLen + rdmaEndpointLen + unitRingLen + growWQEsLen},
 		{declineHello(declineNoDevice), helloHeaderLen + 1},
 		{declineHello(declineReason(250)), helloHeaderLen + 1},
 	}
@@ -66,7 +78,7 @@ func TestHelloRoundTrip(t *testing.T) {
 func TestHelloWireBytes(t *testing.T) {
 	got := offerHello(&sampleEndpoint).appendTo(nil)
 	want := []byte{
-		0x89, 'R', 'S', 'K', 2, 1, 0, 57, // header: version 2, offer, 57-byte body
+		0x89, 'R', 'S', 'K', 2, 1, 0, 61, // header: version 2, offer, 61-byte body
 		0, 0, 0, 1, // capabilities: RDMA
 		0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x01, // GID
 		0x12, 0x34, // LID
@@ -76,7 +88,8 @@ func TestHelloWireBytes(t *testing.T) {
 		0, 0, 0, 64, // receive WQEs
 		0, 0, 0, 220, // max inline
 		0xa0, 0, 0, 0, 0, 0, 0, 0x77, 0, 0, 0, 0, 0, 0, 0, 0x0f, // nonce
-		22, // unit ring 2^22
+		22,         // unit ring 2^22
+		0, 0, 1, 0, // receive WQEs grow to 256
 	}
 	require.Equal(t, want, got)
 	require.Equal(t, []byte{0x89, 'R', 'S', 'K', 2, 3, 0, 1, 2}, declineHello(declineNoDevice).appendTo(nil))
@@ -101,7 +114,7 @@ func TestHelloDecodeErrors(t *testing.T) {
 		{"magic prefix only", []byte{0x89, 'R'}, ErrBadHello, "truncated"},
 		{"wrong magic byte", []byte{0x89, 'R', 'S', 'X', 1, 1, 0, 4}, ErrNotRsockPeer, "not an rsock hello"},
 		{"truncated header", offer[:7], ErrBadHello, "truncated: 7 bytes, 1 more needed"},
-		{"truncated body", offer[:30], ErrBadHello, "truncated: 30 bytes, 35 more needed"},
+		{"truncated body", offer[:30], ErrBadHello, "truncated: 30 bytes, 39 more needed"},
 		{"oversized", []byte{0x89, 'R', 'S', 'K', 1, 1, 0x01, 0xf9}, ErrBadHello, "body of 505 bytes exceeds the maximum of 504"},
 		{"oversized other version", []byte{0x89, 'R', 'S', 'K', 9, 1, 0xff, 0xff}, ErrBadHello, "exceeds the maximum"},
 		{"version 0", mutate(4, 0), ErrVersionMismatch, "peer speaks version 0, this side 2"},
@@ -124,6 +137,12 @@ func TestHelloDecodeErrors(t *testing.T) {
 		{"qpn 0", func() []byte { b := bytes.Clone(offer); copy(b[ep+20:], []byte{0, 0, 0, 0}); return b }(), ErrBadHello, "QPN 0x0"},
 		{"unit ring below the ring", mutate(ep+rdmaEndpointLen, 17), ErrBadHello, "unit ring 2^17 is outside 2^18..2^30"},
 		{"unit ring above 1 GiB", mutate(ep+rdmaEndpointLen, 31), ErrBadHello, "unit ring 2^31"},
+		{"WQEs grow to fewer", func() []byte {
+			b := bytes.Clone(offer)
+			copy(b[ep+rdmaEndpointLen+unitRingLen:], []byte{0, 0, 0, 63})
+			return b
+		}(), ErrBadHello, "receive WQEs grow from 64 to 63"},
+		{"WQEs grow past 32768", mutate(ep+rdmaEndpointLen+unitRingLen+1, 0x80), ErrBadHello, "receive WQEs grow from 64 to 8388864, want at most 32768"},
 	}
 	for _, tt := range tests {
 		_, _, err := decodeHello(tt.in)
@@ -192,7 +211,7 @@ func TestHelloReaderResumes(t *testing.T) {
 		require.Equal(t, want, h)
 		break
 	}
-	require.Equal(t, helloHeaderLen+helloCapsLen+rdmaEndpointLen+unitRingLen, timeouts, "one timeout per byte")
+	require.Equal(t, helloHeaderLen+helloCapsLen+rdmaEndpointLen+unitRingLen+growWQEsLen, timeouts, "one timeout per byte")
 	rest, _ := io.ReadAll(src)
 	require.Equal(t, "data", string(rest))
 }
@@ -227,7 +246,7 @@ func TestHelloReaderEOF(t *testing.T) {
 // bytes it took, up to ignored reserved bits and trailing body bytes.
 func FuzzDecodeHello(f *testing.F) {
 	for _, h := range []hello{
-		offerHello(nil), offerHello(&sampleEndpoint), acceptHello(sampleEndpoint), offerHello(&legacyEndpoint),
+		offerHello(nil), offerHello(&sampleEndpoint), acceptHello(sampleEndpoint), offerHello(&legacyEndpoint), offerHello(&unitRingEndpoint),
 		declineHello(declineNoProvider), declineHello(declineVersionMismatch),
 	} {
 		f.Add(h.appendTo(nil))

@@ -50,6 +50,10 @@ type ConnStats struct {
 	// acknowledged.
 	RingSize, RingUsed, Spilled int
 	StagingSize, StagingUsed    int
+	// RDMA: RecvWQEs is how many receive requests the connection keeps posted now: it
+	// starts at [Config.RecvWQEs] and, by default, grows while a one-way stream of
+	// small messages runs out of them.
+	RecvWQEs int
 }
 
 // Stats returns the connection's statistics. It allocates nothing and takes no lock
@@ -70,6 +74,7 @@ func (c *Conn) Stats() ConnStats {
 		s.CompletionErrors, s.RNRErrors = es.CompletionErrors, es.RNRErrors
 		s.RingSize, s.RingUsed, s.Spilled = es.RingSize, es.RingUsed, es.Spilled
 		s.StagingSize, s.StagingUsed = es.StagingSize, es.StagingUsed
+		s.RecvWQEs = es.RecvWQEs
 	}
 	return s
 }

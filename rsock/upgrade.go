@@ -172,7 +172,10 @@ func (d *dialState) offerRDMA(ctx context.Context) (upgrade, error) {
 	mine := ep.Offer()
 	offer := endpointOf(mine, newNonce())
 	if dialAsBeforeUnitRing {
-		offer.UnitRingSize = 0
+		offer.UnitRingSize = 0 // and with it the field after it
+	}
+	if dialAsBeforeWQEGrowth {
+		offer.GrowRecvWQEsTo = 0
 	}
 	oh := offerHello(&offer)
 	if shm != nil {
@@ -205,6 +208,9 @@ func (d *dialState) offerRDMA(ctx context.Context) (upgrade, error) {
 	server.Place = mine.Place && h.caps&capPlace != 0
 	if dialAsBeforeUnitRing {
 		server.UnitRingSize = 0
+	}
+	if dialAsBeforeUnitRing || dialAsBeforeWQEGrowth {
+		server.GrowRecvWQEsTo = 0
 	}
 	conn, err := ep.Connect(server, d.boot, d.cfg.rdmaKeepAlive())
 	if err != nil {
@@ -538,13 +544,19 @@ func serverCheck(conn *rdma.Conn, client, server nonce) (proof, error) {
 // agree on every ring's credit unit.
 var dialAsBeforeUnitRing bool
 
+// dialAsBeforeWQEGrowth makes Dial play a client from before the hello carried the
+// receive queue's growth (rdmaEndpoint.GrowRecvWQEsTo): its offer omits the field, it
+// takes no notice of the server's, and its receive queue does not grow. Only tests set
+// it, to check that the server then keeps its queue as it started.
+var dialAsBeforeWQEGrowth bool
+
 // endpointOf is the hello's form of an engine offer: without the ring's address and key,
 // with a nonce.
 func endpointOf(o rdma.Offer, n nonce) rdmaEndpoint {
 	return rdmaEndpoint{
 		GID: o.GID, LID: o.LID, MTU: o.MTU, QPN: o.QPN, PSN: o.PSN,
 		RingSize: o.RingSize, RecvWQEs: o.RecvWQEs, MaxInline: o.MaxInline, Nonce: n,
-		UnitRingSize: o.UnitRingSize,
+		UnitRingSize: o.UnitRingSize, GrowRecvWQEsTo: o.GrowRecvWQEsTo,
 	}
 }
 
@@ -554,7 +566,7 @@ func offerOf(e rdmaEndpoint) rdma.Offer {
 	return rdma.Offer{
 		GID: e.GID, LID: e.LID, MTU: e.MTU, QPN: e.QPN, PSN: e.PSN,
 		RingSize: e.RingSize, RecvWQEs: e.RecvWQEs, MaxInline: e.MaxInline,
-		UnitRingSize: e.UnitRingSize,
+		UnitRingSize: e.UnitRingSize, GrowRecvWQEsTo: e.GrowRecvWQEsTo,
 	}
 }
 

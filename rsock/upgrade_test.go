@@ -223,7 +223,7 @@ func TestHelloReplayed(t *testing.T) {
 				h, err := hr.read(raw)
 				require.NoError(t, err)
 				require.Equal(t, helloAccept, h.kind)
-				require.Equal(t, rdmaEndpointLen+unitRingLen, len(h.rdma.appendTo(nil)), "the accept carries no ring")
+				require.Equal(t, rdmaEndpointLen+unitRingLen+growWQEsLen, len(h.rdma.appendTo(nil)), "the accept carries no ring")
 				if tt.confirm != nil {
 					_, err = raw.Write(tt.confirm)
 					require.NoError(t, err)
@@ -596,6 +596,54 @@ func TestPrepareEarly(t *testing.T) {
 				total, _, _ := ln.budget.held(key)
 				return total.qps == wantQPs/2
 			}, 10*time.Second, time.Millisecond, "QPs charged once the handshakes are over")
+		})
+	}
+}
+
+// TestUpgradeClientBeforeWQEGrowth: a client from before the hello carried the receive
+// queue's growth (its offer lacks the field, and it ignores the server's) and a server
+// of today stream small writes one way and then the other over RDMA: neither receive
+// queue grows, since neither peer would take the new WQEs' credit, and every byte
+// arrives. Between a client and a server of today the same streams grow both queues.
+func TestUpgradeClientBeforeWQEGrowth(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		before bool
+		wqes   int
+	}{
+		{"client from before", true, 64},
+		{"client of today", false, 128},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dialAsBeforeWQEGrowth = tt.before
+			t.Cleanup(func() { dialAsBeforeWQEGrowth = false })
+			fab := soft.New(soft.Options{})
+			scfg, ccfg := rdmaConfigs(t, FallbackTCP, fab)
+			ln := listen(t, scfg)
+			c, s := pipe(t, ln, ccfg)
+			require.Equal(t, TransportRDMA, c.Transport(), "client: %v", c.FallbackReason())
+
+			data := bytes.Repeat([]byte("0123456789abcdefghijklmnopqrstu"), (2<<20)/31)
+			for _, pair := range [][2]*Conn{{c, s}, {s, c}} {
+				w, r := pair[0], pair[1]
+				errs := make(chan error, 1)
+				go func() {
+					var err error
+					for off := 0; off < len(data) && err == nil; off += 2 << 10 {
+						_, err = w.Write(data[off:min(off+2<<10, len(data))])
+					}
+					errs <- err
+				}()
+				got := make([]byte, len(data))
+				_, err := io.ReadFull(r, got)
+				require.NoError(t, err)
+				require.NoError(t, <-errs)
+				require.True(t, bytes.Equal(data, got), "the stream arrived changed")
+			}
+			require.Equal(t, tt.wqes, s.Stats().RecvWQEs, "the server's receive WQEs")
+			require.Equal(t, tt.wqes, c.Stats().RecvWQEs, "the client's receive WQEs")
+			require.NoError(t, c.Close())
+			require.NoError(t, s.Close())
 		})
 	}
 }

@@ -155,7 +155,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.quiet, "q", false, "no progress on standard error")
 	fs.IntVar(&o.topts.RingSize, "ring", 0, "RsockRDMA receive ring `bytes` (Config.RingSize; 0: rsock's default, 8 KiB growing to 4 MiB; 128 KiB or more: a fixed ring)")
 	fs.IntVar(&o.topts.SendBufferSize, "sendbuf", 0, "RsockRDMA send staging buffer `bytes` (Config.SendBufferSize)")
-	fs.IntVar(&o.topts.RecvWQEs, "wqes", 0, "RsockRDMA receive WQEs (Config.RecvWQEs)")
+	fs.IntVar(&o.topts.RecvWQEs, "wqes", 0, "RsockRDMA receive WQEs (Config.RecvWQEs; 0: rsock's default, 64 growing to 128; set: a fixed count)")
 	fs.IntVar(&o.topts.PollSpin, "spin", 0, "RsockRDMA empty polls before sleeping (Config.PollSpin; negative: never spin)")
 	fs.BoolVar(&o.topts.NoDirectPlacement, "noplace", false, "RsockRDMA without direct placement into large Reads' buffers (Config.NoDirectPlacement)")
 	fs.Usage = func() {

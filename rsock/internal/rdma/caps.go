@@ -22,6 +22,8 @@ var ErrDeviceLimit = errors.New("rdma: beyond the device's limits")
 //   - SendWQEs and RecvWQEs above MaxQPWR: refused. The receive depth is the peer's
 //     WQE credit and the send depth sizes the staging pipeline; a silently shallower
 //     queue would change both.
+//   - GrowRecvWQEsTo above MaxQPWR: fitted (recvCap). Growth is an optimization the
+//     user did not ask for by number, and the peer learns the bound from our offer.
 //   - SendWQEs+RecvWQEs above MaxCQE: refused (one CQ must hold a connection's
 //     completions). CQSize above MaxCQE is fitted: the shared CQ is created with
 //     MaxCQE entries (device.pollerFor).
@@ -55,4 +57,15 @@ func checkCaps(d verbs.DeviceAttr, opts Options) error {
 		return fmt.Errorf("%w of %s: %s", ErrDeviceLimit, d.Name, strings.Join(over, ", "))
 	}
 	return nil
+}
+
+// recvCap is how many receive WQEs, besides the proof WQE, a connection's QP is
+// created with room for: GrowRecvWQEsTo, fitted below the device's max_qp_wr, and never
+// below RecvWQEs (which checkCaps checked).
+func recvCap(d verbs.DeviceAttr, opts Options) int {
+	n := max(opts.GrowRecvWQEsTo, opts.RecvWQEs)
+	if d.MaxQPWR > 0 {
+		n = min(n, d.MaxQPWR-1)
+	}
+	return max(n, opts.RecvWQEs)
 }

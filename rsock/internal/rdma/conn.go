@@ -87,6 +87,10 @@ type Conn struct {
 	dataArrivals   uint64 // data messages that arrived
 	arrivalsAtTick uint64 // dataArrivals at the last keepalive tick
 
+	// Receive queues that grow (conn_wqes.go).
+	wqeGrowTo int // most receive WQEs to grow to; at or below fc.WQEs(): no growth (any more)
+	wqeBound  int // arrivals since the last growth that found WQEs, not the ring, bounding the stream
+
 	// Receive buffering beyond the ring (conn_spill.go, "Buffering" in doc.go).
 	spill       spillBuf
 	spillMax    int    // most bytes spill may hold
@@ -168,9 +172,14 @@ func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) 
 		// another, so a ring that starts there or above does not grow (below).
 		growTo = min(growTo, legacyUnitRing)
 	}
-	fc, err := flowctl.MakeEndpoint(local,
-		flowctl.Params{RingSize: int(peer.RingSize), RecvWQEs: int(peer.RecvWQEs), UnitRingSize: int(peer.UnitRingSize)},
-	)
+	if peer.GrowRecvWQEsTo != 0 {
+		// The peer takes credit for the WQEs we add: we may grow toward it.
+		local.GrowWQEsTo = ep.recvCap // as our Offer said
+	}
+	fc, err := flowctl.MakeEndpoint(local, flowctl.Params{
+		RingSize: int(peer.RingSize), RecvWQEs: int(peer.RecvWQEs), UnitRingSize: int(peer.UnitRingSize),
+		GrowWQEsTo: int(peer.GrowRecvWQEsTo),
+	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadOffer, err)
 	}
@@ -211,6 +220,9 @@ func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) 
 	}
 	if growTo > ep.opts.RingSize {
 		c.growTo = growTo
+	}
+	if local.GrowWQEsTo > ep.opts.RecvWQEs {
+		c.wqeGrowTo = local.GrowWQEsTo
 	}
 	if peer.Place && ep.canPlace() {
 		c.place.reg = placeRegistrar(ep.pd)

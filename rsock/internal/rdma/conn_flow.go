@@ -110,6 +110,7 @@ func (c *Conn) onRecv(wc *verbs.WorkCompletion) {
 		c.stats.received(a.Len)
 		c.spillLocked()
 		c.maybeGrowLocked(a.Len)
+		c.maybeGrowWQEsLocked()
 	}
 	c.readChanges.Add(1)
 	if c.readParked && (a.Kind == flowctl.KindData || a.Kind == flowctl.KindPlace || c.fc.PeerClosed()) {

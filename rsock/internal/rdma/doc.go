@@ -176,6 +176,37 @@
 // followed by its mailbox, since any peer may grow: the hello's version rules out peers
 // from before rings grew, so no capability bit is needed.
 //
+// # Receive queues that grow
+//
+// Every message takes one of the receiver's posted receive WQEs, whatever its length,
+// so a one-way stream of messages small against the ring runs out of WQE credit first:
+// with 64 WQEs, a stream of 4 KiB writes has at most 256 KiB in flight, however large
+// the ring has grown. On Soft-RoCE, 128 or 256 WQEs streamed 4 KiB writes 16-26%
+// faster than 64 (benchmarks/README.md, "Deeper queues on Soft-RoCE"). But each WQE
+// reserves an entry of the shared CQ for its completion, so that a CQ of 16,384
+// entries holds 127 connections at 64 and 84 at 128, idle or not.
+//
+// So by default a connection starts with RecvWQEs (64) and doubles them, up to
+// GrowRecvWQEsTo (128), when a stream needs them (conn_wqes.go): after four data
+// arrivals, each of which finds a standalone credit update due by WQE count (half the
+// WQEs owed to the peer) while less than half the ring is held. Only one-way streams
+// make an update due by count: traffic the other way carries the credit back as it
+// goes. And only messages small against the ring make it due before the ring's half is
+// held. The new WQEs are posted, their CQ entries reserved on the poller (a CQ without
+// room stops growth, and the connection goes on with what it has), and flowctl is told
+// ([flowctl.Endpoint.GrowWQEs]); their credit goes to the peer in the next message,
+// with no message of its own (flowctl's "Growing the receive queue"). The QP is
+// created with room for GrowRecvWQEsTo, fitted to the device's max_qp_wr: a receive
+// queue's depth is fixed when the QP is created, and the room costs a few kilobytes of
+// queue memory, not CQ entries. A posted WQE cannot be taken back, so the queue does
+// not shrink when the connection idles.
+//
+// The peer must take credit beyond the messages it sent as WQEs added, which a peer
+// from before this growth would reject as a protocol violation. So the offer names the
+// most WQEs its side may grow to (Offer.GrowRecvWQEsTo, four bytes the hello appends),
+// and a side grows only toward a peer whose hello carries them. A RecvWQEs the
+// application chose is kept as chosen: the queue grows only from the default.
+//
 // # Direct writes
 //
 // A Write of 32 KiB or more, on a provider whose protection domain registers memory

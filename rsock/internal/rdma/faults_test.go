@@ -287,7 +287,7 @@ func TestFaultRNRStorm(t *testing.T) {
 	eb, err := Prepare(f, loopback, opts)
 	require.NoError(t, err)
 	lie := eb.Offer()
-	lie.RecvWQEs = 512
+	lie.RecvWQEs, lie.GrowRecvWQEsTo = 512, 512
 	a, err := ea.Connect(lie, ca, 0)
 	require.NoError(t, err)
 	b, err := eb.Connect(ea.Offer(), cb, 0)

@@ -61,7 +61,6 @@ type poller struct {
 
 	mu       sync.RWMutex
 	handlers map[uint32]completionHandler
-	reserved int     // CQ entries promised to attached QPs
 	err      error   // sticky CQ failure
 	stop     stopCtx // the goroutine's context, nil while it is not running
 	done     chan struct{}
@@ -71,9 +70,15 @@ type poller struct {
 	// (flowctl requires arrivals in order). The goroutine takes it for each poll; a Read
 	// or Write that waits for its connection's completions takes it when it is free
 	// (pollFor) instead of waiting for the goroutine to hand them over. wcs belongs to
-	// the holder. Lock order: tok, then mu.
+	// the holder. Lock order: tok, then mu, then resMu.
 	tok sync.Mutex
 	wcs [pollBatch]verbs.WorkCompletion
+
+	// resMu guards reserved, the CQ entries promised to attached QPs. It is a lock of
+	// its own so that a handler, which runs with mu read-locked, can reserve more for
+	// its QP (reserveMore).
+	resMu    sync.Mutex
+	reserved int
 
 	// Progress, for a connection deciding whether a completion it expects could still be
 	// in the CQ (see caughtUpSince): emptied counts the polls that found the CQ empty,
@@ -134,18 +139,27 @@ func newPoller(ctx verbs.Context, capacity, spin, vector int) (*poller, error) {
 func (p *poller) reserve(entries int) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.err != nil || p.reserved+entries > p.capacity {
+	return p.err == nil && p.reserveMore(entries)
+}
+
+// reserveMore claims entries more CQ entries for an attached QP whose queue grows
+// (conn_wqes.go). It fails when the CQ could overflow with them. Unlike reserve it does
+// not take mu, so a completion handler may call it.
+func (p *poller) reserveMore(entries int) bool {
+	p.resMu.Lock()
+	defer p.resMu.Unlock()
+	if p.reserved+entries > p.capacity {
 		return false
 	}
 	p.reserved += entries
 	return true
 }
 
-// unreserve returns entries claimed by reserve.
+// unreserve returns entries claimed by reserve and reserveMore.
 func (p *poller) unreserve(entries int) {
-	p.mu.Lock()
+	p.resMu.Lock()
 	p.reserved -= entries
-	p.mu.Unlock()
+	p.resMu.Unlock()
 }
 
 // attach routes completions of QP qpn to h, starting the goroutine if needed.

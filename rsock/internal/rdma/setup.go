@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/rsockio/rsock/flowctl"
 	"github.com/rsockio/rsock/verbs"
 )
 
@@ -32,8 +33,15 @@ type Options struct {
 	GrowRingTo int
 	// SendBufferSize is the registered staging buffer Write copies into. Default 64 KiB.
 	SendBufferSize int
-	// RecvWQEs is how many receive WQEs are kept posted. Default 64.
+	// RecvWQEs is how many receive WQEs are kept posted at first. Default 64.
 	RecvWQEs int
+	// GrowRecvWQEsTo, if above RecvWQEs, lets the receive queue grow, doubling up to
+	// GrowRecvWQEsTo (and the device's max_qp_wr), while a one-way stream of messages
+	// small against the ring keeps running out of WQEs rather than ring space (see
+	// "Receive queues that grow" in the package docs). A posted WQE is never taken
+	// back: the queue does not shrink. Zero means DefaultGrowRecvWQEsTo when RecvWQEs
+	// is zero too, else a fixed queue of RecvWQEs; negative means a fixed queue.
+	GrowRecvWQEsTo int
 	// SendWQEs is the send queue depth. Default 64.
 	SendWQEs int
 	// CQSize is the number of entries of each shared completion queue. Default 16384.
@@ -121,6 +129,7 @@ const (
 	DefaultGrowRingTo     = 4 << 20
 	DefaultSendBufferSize = 64 << 10
 	DefaultRecvWQEs       = 64
+	DefaultGrowRecvWQEsTo = 128
 	DefaultSendWQEs       = 64
 	DefaultCQSize         = 16384
 	DefaultPollSpin       = 64
@@ -158,7 +167,14 @@ func (o Options) withDefaults() Options {
 		o.SendBufferSize = min(o.GrowRingTo/2, maxGrownSendBuffer) // staging grows with the ring (see the defaults)
 	}
 	def(&o.SendBufferSize, DefaultSendBufferSize)
+	if o.GrowRecvWQEsTo == 0 && o.RecvWQEs != 0 {
+		o.GrowRecvWQEsTo = -1 // a count the user chose stays as chosen
+	}
+	def(&o.GrowRecvWQEsTo, DefaultGrowRecvWQEsTo)
 	def(&o.RecvWQEs, DefaultRecvWQEs)
+	if o.GrowRecvWQEsTo < o.RecvWQEs {
+		o.GrowRecvWQEsTo = o.RecvWQEs // fixed
+	}
 	def(&o.SendWQEs, DefaultSendWQEs)
 	def(&o.CQSize, DefaultCQSize)
 	def(&o.PollSpin, DefaultPollSpin)
@@ -217,6 +233,8 @@ func (o Options) validate() error {
 		return fmt.Errorf("send buffer of %d bytes is below 1 KiB", o.SendBufferSize)
 	case o.RecvWQEs < MinRecvWQEs:
 		return fmt.Errorf("%d receive WQEs is below the minimum of %d", o.RecvWQEs, MinRecvWQEs)
+	case o.GrowRecvWQEsTo > flowctl.MaxRecvWQEs:
+		return fmt.Errorf("receive WQEs may grow to %d, above the maximum of %d", o.GrowRecvWQEsTo, flowctl.MaxRecvWQEs)
 	case o.SendWQEs < 4:
 		return fmt.Errorf("send queue depth %d is below 4", o.SendWQEs)
 	case o.MaxRegisteredMemory < 0:
@@ -244,6 +262,12 @@ type Offer struct {
 	RingSize  uint32
 	RecvWQEs  uint32 // receive WQEs we keep posted: the peer's initial WQE credit
 	MaxInline uint32
+	// GrowRecvWQEsTo is the most receive WQEs we may come to keep posted (flowctl's
+	// Params.GrowWQEsTo): RecvWQEs when ours do not grow. Ours is never zero; a peer's
+	// is zero when its offer did not carry one (a peer from before receive queues
+	// grew), and then it takes no WQE credit beyond the messages it sent, so our queue
+	// does not grow toward it.
+	GrowRecvWQEsTo uint32
 	// UnitRingSize is the ring size whose credit unit every ring of ours has
 	// (flowctl's Params.UnitRingSize): the largest we may grow to, or RingSize. Ours
 	// is never zero; a peer's is zero when its offer did not carry one (a peer from
@@ -269,6 +293,7 @@ type Endpoint struct {
 	path     portPath // port and source GID, chosen by the bootstrap connection's local IP
 	poller   *poller
 	entries  int      // CQ entries reserved on poller
+	recvCap  int      // receive WQEs the QP has room for, besides the proof WQE: the most RecvWQEs may grow to
 	ring     verbs.MR // the ring data lands in, with the mailbox after it (see mailboxSize)
 	oldRing  verbs.MR // the ring a switch replaced, while it holds bytes (conn_resize.go)
 	nextRing verbs.MR // the ring announced to the peer, until its switch arrives
@@ -349,11 +374,12 @@ func PrepareContext(ctx context.Context, p verbs.Provider, ip netip.Addr, opts O
 		return nil, err
 	}
 	ep.inline = min(dev.attr.MaxInline, maxInline)
+	ep.recvCap = recvCap(dev.attr, opts)
 	ep.qp, err = ep.pd.CreateQP(verbs.QPInitAttr{
 		SendCQ: ep.poller.qpCQ,
 		RecvCQ: ep.poller.qpCQ,
 		Caps: verbs.QPCaps{
-			MaxSendWR: opts.SendWQEs, MaxRecvWR: opts.RecvWQEs + 1,
+			MaxSendWR: opts.SendWQEs, MaxRecvWR: ep.recvCap + 1,
 			MaxSendSGE: 1, MaxRecvSGE: 1, MaxInlineData: ep.inline,
 		},
 	})
@@ -408,18 +434,19 @@ func (ep *Endpoint) prepareMemory() (err error) {
 // Offer returns what the peer needs to connect to this endpoint.
 func (ep *Endpoint) Offer() Offer {
 	return Offer{
-		GID:          ep.path.gid.GID,
-		LID:          ep.path.port.LID,
-		MTU:          ep.path.port.ActiveMTU,
-		QPN:          ep.qp.QPN(),
-		PSN:          ep.psn,
-		RingAddr:     ep.ring.Addr(),
-		RingRKey:     ep.ring.RKey(),
-		RingSize:     uint32(ep.opts.RingSize),
-		RecvWQEs:     uint32(ep.opts.RecvWQEs),
-		MaxInline:    uint32(ep.inline),
-		UnitRingSize: uint32(ep.opts.unitRing()),
-		Place:        ep.canPlace(),
+		GID:            ep.path.gid.GID,
+		LID:            ep.path.port.LID,
+		MTU:            ep.path.port.ActiveMTU,
+		QPN:            ep.qp.QPN(),
+		PSN:            ep.psn,
+		RingAddr:       ep.ring.Addr(),
+		RingRKey:       ep.ring.RKey(),
+		RingSize:       uint32(ep.opts.RingSize),
+		RecvWQEs:       uint32(ep.opts.RecvWQEs),
+		MaxInline:      uint32(ep.inline),
+		GrowRecvWQEsTo: uint32(ep.recvCap),
+		UnitRingSize:   uint32(ep.opts.unitRing()),
+		Place:          ep.canPlace(),
 	}
 }
 
@@ -554,6 +581,8 @@ func (o Offer) validate() error {
 		return fmt.Errorf("%w: ring size %d", ErrBadOffer, o.RingSize)
 	case o.RecvWQEs < MinRecvWQEs:
 		return fmt.Errorf("%w: %d receive WQEs", ErrBadOffer, o.RecvWQEs)
+	case o.GrowRecvWQEsTo != 0 && (o.GrowRecvWQEsTo < o.RecvWQEs || o.GrowRecvWQEsTo > flowctl.MaxRecvWQEs):
+		return fmt.Errorf("%w: receive WQEs grow from %d to %d", ErrBadOffer, o.RecvWQEs, o.GrowRecvWQEsTo)
 	}
 	return nil
 }

@@ -36,6 +36,9 @@ type Stats struct {
 	// the application has not read yet; Spilled is the bytes moved out of the ring
 	// into unpinned memory and not read yet (see "Buffering" in the package docs).
 	RingSize, RingUsed, Spilled int
+	// RecvWQEs is how many receive WQEs the Conn keeps posted now: Options.RecvWQEs,
+	// plus those a stream of small messages made it add ("Receive queues that grow").
+	RecvWQEs int
 	// StagingSize is the send staging buffer's current size, StagingUsed the bytes of
 	// it posted and not yet acknowledged by a completion.
 	StagingSize, StagingUsed int
@@ -168,6 +171,7 @@ func (c *Conn) Stats() Stats {
 	st.Placements, st.BytesPlaced = s.placed, s.bytesPlaced
 	st.RingSize = c.fc.RingSize()
 	st.RingUsed = c.fc.Buffered()
+	st.RecvWQEs = c.fc.WQEs()
 	st.Spilled = c.spill.len()
 	st.StagingSize = len(c.stage)
 	st.StagingUsed = int(c.stageTail - c.stageHead)
