@@ -168,3 +168,29 @@ func TestRecvWQEsDefaults(t *testing.T) {
 	require.EqualValues(t, DefaultGrowRecvWQEsTo, ep.Offer().GrowRecvWQEsTo)
 	require.Equal(t, DefaultGrowRecvWQEsTo, ep.recvCap)
 }
+
+// TestPeerGrowsOnFake: WQE credit from the peer beyond the messages we sent is WQEs it
+// added, taken up to the growth its offer named; one credit more is a protocol error
+// that fails the connection.
+func TestPeerGrowsOnFake(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		surplus uint32
+		wantErr bool
+	}{
+		{"the growth the offer named", DefaultGrowRecvWQEsTo - DefaultRecvWQEs, false},
+		{"one WQE more", DefaultGrowRecvWQEsTo - DefaultRecvWQEs + 1, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c, _ := resizingConn(t)
+			arriveImm(t, c, 0, flowctl.Imm{Kind: flowctl.KindCredit, WQECredits: tt.surplus}, 0)
+			err := connErr(c)
+			if tt.wantErr {
+				require.ErrorIs(t, err, ErrProtocol)
+				require.ErrorIs(t, err, flowctl.ErrCreditOverflow)
+				return
+			}
+			require.NoError(t, err)
+		})
+	}
+}
