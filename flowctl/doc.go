@@ -202,9 +202,11 @@
 // name a GrowWQEsTo (from before growth existed) takes no surplus, and a receiver facing
 // it does not grow: the engine knows from its hello.
 //
-// The model tests grow either side's queue at every point of small exchanges and at
-// random in long ones, with the invariants above. A receiver that counts WQEs as credit
-// without posting them is caught (RNR), and so is a peer that takes no surplus.
+// The model tests grow either side's queue, by one WQE or doubling it, at every point of
+// small exchanges and at random in long ones, with the invariants above plus: the
+// writer never counts more WQEs than the receiver posted. Broken on purpose, the rules
+// are caught: a receiver that owes credit for WQEs it did not post (the credit then
+// outnumbers the WQEs), and a peer that takes no credit beyond its messages.
 //
 // When to grow is the engine's policy: when a one-way stream makes a standalone update
 // due by WQE count while most of the ring is free, WQEs, not bytes, bound it.

@@ -9,6 +9,7 @@ import (
 	"github.com/rsockio/rsock/flowctl"
 	"github.com/rsockio/rsock/verbs"
 	"github.com/rsockio/rsock/verbs/auto"
+	"github.com/rsockio/rsock/verbs/shm"
 	"github.com/rsockio/rsock/verbs/soft"
 )
 
@@ -23,9 +24,9 @@ func reservedOn(c *Conn) int {
 // up to its bound, and the CQ entries its connection reserves grow with it, while the
 // writer's queue, which receives only credit, stays as it started; every byte arrives.
 // Requests and answers return credit both ways as they go and grow neither queue; nor
-// does a stream toward a queue whose size the options fix. It runs on soft and, where
-// this build has one and the machine a device (built with -tags rdma, in the Soft-RoCE
-// VM), the one-way stream runs on the default provider too.
+// does a stream toward a queue whose size the options fix. It runs on soft; the one-way
+// stream runs over shm too and, where this build has one and the machine a device
+// (built with -tags rdma, in the Soft-RoCE VM), on the default provider.
 func TestRecvWQEsGrow(t *testing.T) {
 	tests := []struct {
 		name   string
@@ -71,6 +72,12 @@ func TestRecvWQEsGrow(t *testing.T) {
 			requireReleased(t, f)
 		})
 	}
+	t.Run("shm/"+tests[0].name, func(t *testing.T) {
+		p, err := shm.New(shm.Options{})
+		require.NoError(t, err)
+		defer p.Close()
+		run(t, p, tests[0].opts, true, tests[0].want)
+	})
 	p, err := auto.Default()
 	if err != nil {
 		t.Logf("no default provider here, soft only: %v", err)
