@@ -121,6 +121,7 @@ type Conn struct {
 	// Guarded by mu.
 	readerRunning, readerFinishes bool
 	ctrlBuf                       [16]byte // the control reader's buffer (conn_close.go)
+	peek                          ctrlPeek // Close's look at the control socket (conn_ctrlpeek.go)
 	keepalive                     *time.Timer
 	kaPeriod                      time.Duration
 

@@ -96,6 +96,14 @@ func (c *Conn) close() error {
 		// (a socket is closed once no call is in it), and tells the caller nothing
 		// about its bytes, which drain has settled. The peer sees the channel close
 		// after the FIN's completion, as it must.
+		//
+		// The channel's end goes out now, though: a half-close takes nothing from the
+		// reader, and the peer, whose own Close may be waiting for that end (a Close
+		// that follows ours: conn_ctrlpeek.go), sees it without waiting for this
+		// reader's wake-up. Nothing is written on the channel after a Close.
+		if cw, ok := c.ctrl.(interface{ CloseWrite() error }); ok {
+			cw.CloseWrite()
+		}
 		c.ctrl.SetReadDeadline(aLongTimeAgo)
 		return errors.Join(undelivered, err)
 	}
@@ -207,6 +215,7 @@ func (c *Conn) drain() error {
 		c.mu.Lock()
 		delivered := c.finPosted && c.sqDone > c.finID
 		failed, gone := c.err, c.peerGone
+		peerClosed := c.fc.PeerClosed()
 		unacked := c.sqPosted - c.sqDone
 		dataAcked := c.dataAckedLocked()
 		// The channel to park on is made only by a drain that has spun out, and before
@@ -227,6 +236,15 @@ func (c *Conn) drain() error {
 			return nil
 		case failed != nil:
 			return fmt.Errorf("rdma: close: %d work requests (writes or the FIN) never acknowledged by the peer, so bytes Write accepted may be lost: %w", unacked, failed)
+		}
+		// A Close that follows the peer's looks for the control channel's end itself
+		// (conn_ctrlpeek.go): as it starts, every ctrlPeekEvery polls, and before it
+		// parks.
+		if peerClosed && (s.polls%ctrlPeekEvery == 0 || s.parking()) && c.controlEnded() {
+			c.mu.Lock()
+			c.peerGone = true
+			c.mu.Unlock()
+			continue
 		}
 		if t == nil && s.more() {
 			c.pollWaiting(s.polls)
