@@ -23,6 +23,7 @@ type fakeProvider struct {
 	mu       sync.Mutex
 	devs     []verbs.DeviceAttr
 	fail     map[string]error // by step: "devices", "open", "pd", "mr", "chan", "cq", "qp", "init", "recv"
+	recvRoom int              // when set, each QP takes this many receive WQEs, and fails the next
 	listGate chan struct{}    // when set, Devices waits until it is closed
 	openGate chan struct{}    // when set, Open waits until it is closed
 	listings int              // calls of Devices
@@ -337,8 +338,16 @@ func (q *fakeVerbsQP) PostRecv(wrs []verbs.RecvWR) error {
 	if err := q.p.failure("recv"); err != nil {
 		return &verbs.PostError{Err: err}
 	}
+	q.p.mu.Lock()
+	room := q.p.recvRoom
+	q.p.mu.Unlock()
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if room > 0 && q.recvs+len(wrs) > room {
+		i := room - q.recvs
+		q.recvs = room
+		return &verbs.PostError{Index: i, Err: verbs.ErrQueueFull}
+	}
 	q.recvs += len(wrs)
 	return nil
 }

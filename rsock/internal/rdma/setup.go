@@ -312,8 +312,10 @@ type Endpoint struct {
 	gen                 uint64 // generation in every WR ID (conn_flow.go)
 
 	// The receive WQEs PrepareContext posts are built here rather than in slices of
-	// their own: the endpoint is on the heap anyway, and a dial allocates less.
-	setupRecv [1]verbs.RecvWR
+	// their own: the endpoint is on the heap anyway, and a dial allocates less. They
+	// go out setupBatch at a time: one post call (a lock on soft, a cgo call and the
+	// provider's lock on ibv) for each batch rather than for each WQE.
+	setupRecv [setupBatch]verbs.RecvWR
 	setupSGE  [1]verbs.SGE
 	// The records of the first ring and send buffer (registerMRIn), for the same
 	// reason.
@@ -391,17 +393,8 @@ func PrepareContext(ctx context.Context, p verbs.Provider, ip netip.Addr, opts O
 	}
 	// The proof WQE first: the peer's first message lands in it (conn_proof.go).
 	ep.setupSGE[0] = verbs.SGE{Addr: ep.ring.Addr() + uint64(opts.RingSize) + mailboxProof, Length: ProofMaxLen, LKey: ep.ring.LKey()}
-	recv := &ep.setupRecv
-	recv[0] = verbs.RecvWR{ID: recvWRFlag | ep.gen | proofRecvIndex, SGL: ep.setupSGE[:]}
-	if err = ep.qp.PostRecv(recv[:]); err != nil {
-		return nil, fmt.Errorf("post the proof WQE: %w", err)
-	}
-	recv[0].SGL = nil
-	for i := range opts.RecvWQEs {
-		recv[0].ID = recvWRFlag | ep.gen | uint64(i)
-		if err = ep.qp.PostRecv(recv[:]); err != nil {
-			return nil, fmt.Errorf("post receive WQE %d: %w", i, err)
-		}
+	if err = ep.postSetupRecvs(); err != nil {
+		return nil, err
 	}
 	var b [4]byte
 	rand.Read(b[:])
@@ -410,6 +403,41 @@ func PrepareContext(ctx context.Context, p verbs.Provider, ip netip.Addr, opts O
 		return nil, err
 	}
 	return ep, nil
+}
+
+// setupBatch is how many receive WQEs PrepareContext posts in one call.
+const setupBatch = 16
+
+// postSetupRecvs posts the endpoint's receive WQEs: the proof WQE first, whose SGE
+// points into the mailbox (the peer's first message lands in it: conn_proof.go), then
+// opts.RecvWQEs without SGEs (writes with immediate land in the ring), numbered from 0.
+func (ep *Endpoint) postSetupRecvs() error {
+	recv := &ep.setupRecv
+	first := -1 // the WQE in recv[0]; -1 is the proof WQE
+	n := 0
+	for i := -1; i < ep.opts.RecvWQEs; i++ {
+		if i < 0 {
+			recv[n] = verbs.RecvWR{ID: recvWRFlag | ep.gen | proofRecvIndex, SGL: ep.setupSGE[:]}
+		} else {
+			recv[n] = verbs.RecvWR{ID: recvWRFlag | ep.gen | uint64(i)}
+		}
+		n++
+		if n < len(recv) && i < ep.opts.RecvWQEs-1 {
+			continue
+		}
+		if err := ep.qp.PostRecv(recv[:n]); err != nil {
+			var pe *verbs.PostError
+			switch {
+			case !errors.As(err, &pe):
+				return fmt.Errorf("post receive WQEs: %w", err)
+			case first+pe.Index < 0:
+				return fmt.Errorf("post the proof WQE: %w", err)
+			}
+			return fmt.Errorf("post receive WQE %d: %w", first+pe.Index, err)
+		}
+		first, n = i+1, 0
+	}
+	return nil
 }
 
 // prepareMemory gives the endpoint its protection domain, first ring (with the mailbox)

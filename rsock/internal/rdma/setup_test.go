@@ -175,6 +175,34 @@ func TestPrepareFailsCleanly(t *testing.T) {
 	}
 }
 
+// TestPrepareNamesTheFailedWQE: the receive WQEs go out in batches, and a post that
+// fails partway names the WQE that failed, whichever batch it was in.
+func TestPrepareNamesTheFailedWQE(t *testing.T) {
+	for _, tt := range []struct {
+		room int // receive WQEs the QP takes
+		want string
+	}{
+		{room: 1, want: "post receive WQE 0: "},               // the proof WQE went in
+		{room: setupBatch, want: "post receive WQE 15: "},     // the first batch's last
+		{room: setupBatch + 3, want: "post receive WQE 18: "}, // in the second batch
+		{room: 64, want: "post receive WQE 63: "},             // the last of 64
+	} {
+		p := newFakeProvider()
+		p.recvRoom = tt.room
+		_, err := Prepare(p, loopback, Options{RecvWQEs: 64, GrowRecvWQEsTo: -1})
+		require.ErrorIs(t, err, verbs.ErrQueueFull, "room for %d", tt.room)
+		require.ErrorContains(t, err, tt.want, "room for %d", tt.room)
+		requireFakeReleased(t, p)
+	}
+	p := newFakeProvider()
+	p.recvRoom = 65
+	ep, err := Prepare(p, loopback, Options{RecvWQEs: 64, GrowRecvWQEsTo: -1})
+	require.NoError(t, err, "room for the proof WQE and 64")
+	require.Equal(t, 65, ep.qp.(*fakeVerbsQP).recvs)
+	require.NoError(t, ep.Abort())
+	requireFakeReleased(t, p)
+}
+
 // TestPrepareOnFakeProvider: each endpoint gets a protection domain, ring, send buffer
 // and QP of its own, on one shared device context and CQ; its QP is in INIT with the
 // proof WQE and every receive WQE posted; its offer describes its ring and QP; Abort
