@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/bits"
 	"net/netip"
+	"sync"
 	"time"
 
 	"github.com/rsockio/rsock/flowctl"
@@ -311,12 +312,10 @@ type Endpoint struct {
 	qpCharge, memCharge int
 	gen                 uint64 // generation in every WR ID (conn_flow.go)
 
-	// The receive WQEs PrepareContext posts are built here rather than in slices of
-	// their own: the endpoint is on the heap anyway, and a dial allocates less. They
-	// go out setupBatch at a time: one post call (a lock on soft, a cgo call and the
-	// provider's lock on ibv) for each batch rather than for each WQE.
-	setupRecv [setupBatch]verbs.RecvWR
-	setupSGE  [1]verbs.SGE
+	// The proof WQE's SGE, here rather than in a slice of its own: the endpoint is on
+	// the heap anyway, and a dial allocates less. A provider may keep the SGL it was
+	// posted with until the WQE completes.
+	setupSGE [1]verbs.SGE
 	// The records of the first ring and send buffer (registerMRIn), for the same
 	// reason.
 	firstRing, firstSend countedMR
@@ -405,14 +404,25 @@ func PrepareContext(ctx context.Context, p verbs.Provider, ip netip.Addr, opts O
 	return ep, nil
 }
 
-// setupBatch is how many receive WQEs PrepareContext posts in one call.
+// setupBatch is how many receive WQEs PrepareContext posts in one call: one post (a
+// lock on soft, a cgo call and the provider's lock on ibv) for each batch rather than
+// for each WQE.
 const setupBatch = 16
+
+// setupBatches holds the arrays the batches are built in: a provider copies the WRs
+// it is given, so an array serves one post call at a time, and neither each endpoint
+// nor each dial keeps one of its own.
+var setupBatches = sync.Pool{New: func() any { return new([setupBatch]verbs.RecvWR) }}
 
 // postSetupRecvs posts the endpoint's receive WQEs: the proof WQE first, whose SGE
 // points into the mailbox (the peer's first message lands in it: conn_proof.go), then
 // opts.RecvWQEs without SGEs (writes with immediate land in the ring), numbered from 0.
 func (ep *Endpoint) postSetupRecvs() error {
-	recv := &ep.setupRecv
+	recv := setupBatches.Get().(*[setupBatch]verbs.RecvWR)
+	defer func() {
+		clear(recv[:]) // the proof WQE's SGL points into the endpoint
+		setupBatches.Put(recv)
+	}()
 	first := -1 // the WQE in recv[0]; -1 is the proof WQE
 	n := 0
 	for i := -1; i < ep.opts.RecvWQEs; i++ {
