@@ -331,9 +331,18 @@ func (c *Conn) setDeadlines(op string, t time.Time, read, write bool) error {
 // made the channel (see Conn.SetReadDeadline). The channel is held in an atomic.Value
 // rather than behind an atomic.Pointer: a channel is pointer-shaped, so storing one
 // boxes nothing.
+//
+// One timer serves every deadline the Conn is given, made with the first and reset by
+// the next: a server that moves its deadlines with each request (net/http's
+// timeouts) allocates nothing for them after the first. A timer stopped or reset may
+// still fire once for the time it was set to before (time.AfterFunc's Reset does not
+// wait for a callback already under way), so fire acts only on the deadline in force:
+// it closes the channel once that has passed, and waits again for what is left of one
+// still ahead.
 type deadline struct {
 	mu      sync.Mutex
-	timer   *time.Timer
+	timer   *time.Timer  // fire; nil until a deadline in the future was first set
+	at      time.Time    // the deadline in force, on the monotonic clock; zero: none
 	expired atomic.Value // chan struct{}, once set made one
 }
 
@@ -346,16 +355,15 @@ func (d *deadline) renew() chan struct{} {
 
 // set moves the deadline to t; the zero time means none. It reports whether it made
 // the deadline's first channel: waits that began before, on none, must then be woken
-// to wait on it.
+// to wait on it. Like package net's, a deadline is taken as a duration from now: a
+// wall clock that jumps later does not move it.
 func (d *deadline) set(t time.Time) (made bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.timer != nil {
-		// A timer that already fired has closed its channel, or is waiting for mu and
-		// will find that it is no longer d.timer, and close nothing.
-		d.timer.Stop()
-		d.timer = nil
+		d.timer.Stop() // a callback under way finds the deadline moved (fire)
 	}
+	d.at = time.Time{}
 	ch := d.wait()
 	closed := isClosed(ch)
 	if t.IsZero() {
@@ -369,26 +377,38 @@ func (d *deadline) set(t time.Time) (made bool) {
 	}
 	if dur := time.Until(t); dur > 0 {
 		if closed {
-			ch = d.renew()
+			d.renew()
 		}
-		// The callback checks that its timer is still the deadline's: one that fired
-		// while set was stopping it must not close the channel set keeps (nettest's
-		// ConcurrentMethods moves deadlines while they fire).
-		var timer *time.Timer
-		timer = time.AfterFunc(dur, func() {
-			d.mu.Lock()
-			if d.timer == timer && d.wait() == ch && !isClosed(ch) {
-				close(ch)
-			}
-			d.mu.Unlock()
-		})
-		d.timer = timer
+		d.at = time.Now().Add(dur)
+		if d.timer == nil {
+			d.timer = time.AfterFunc(dur, d.fire)
+		} else {
+			d.timer.Reset(dur)
+		}
 		return made
 	}
 	if !closed {
 		close(ch)
 	}
 	return made
+}
+
+// fire is the timer's callback: it closes the channel if the deadline in force has
+// passed. A deadline cleared since, or one already past whose channel set closed,
+// leaves nothing to do; one moved later is waited for again.
+func (d *deadline) fire() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.at.IsZero() {
+		return
+	}
+	if left := time.Until(d.at); left > 0 {
+		d.timer.Reset(left)
+		return
+	}
+	if ch := d.wait(); ch != nil && !isClosed(ch) {
+		close(ch)
+	}
 }
 
 // wait returns a channel closed when the deadline passes, or nil (never ready) while no
