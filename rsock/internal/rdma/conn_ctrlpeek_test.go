@@ -100,7 +100,7 @@ func (d *deafControl) Read(b []byte) (int, error) {
 
 // TestCloseAfterPeerSeesControlEnd: a Close that follows the peer's learns from the
 // control socket itself that the peer is gone, and so returns without waiting for its
-// control reader, which here never wakes, and without failing. It also shows that the
+// control reader, which here never wakes. It also shows that the
 // peer's Close half-closes its control channel at once: the peer's channel is never
 // fully closed here (its Close is held), yet the end arrives.
 func TestCloseAfterPeerSeesControlEnd(t *testing.T) {
@@ -109,7 +109,7 @@ func TestCloseAfterPeerSeesControlEnd(t *testing.T) {
 	gate := &closeGate{Conn: ca, entered: make(chan struct{}), open: make(chan struct{})}
 	deaf := &deafControl{TCPConn: cb.(*net.TCPConn), release: make(chan struct{})}
 	// A drain that missed the end would wait for its FIN toward a torn-down QP until
-	// soft's transport retries ran out, and fail the Conn: the check below sees that.
+	// soft's transport retries ran out, and fail the Conn.
 	a, b := connPairOver(t, f, loopback.String(), loopback.String(), Options{}, halfCloser{gate}, deaf)
 
 	_, err := a.Write([]byte("last words"))
@@ -121,10 +121,13 @@ func TestCloseAfterPeerSeesControlEnd(t *testing.T) {
 
 	require.NoError(t, b.Close(), "the Close that followed the peer's")
 	b.mu.Lock()
-	gone, failed := b.peerGone, b.err
+	gone := b.peerGone
 	b.mu.Unlock()
 	require.True(t, gone, "the drain ended without learning the peer was gone")
-	require.NoError(t, failed, "the drain ended by a failure (its FIN went unanswered), not by the peek")
+	// The drain's own record (Close has returned: nothing else writes it). The Conn's
+	// error says nothing here: the teardown that follows the drain flushes the FIN
+	// that never completed, and that completion may or may not reach the Conn first.
+	require.True(t, b.peek.ended, "the drain ended without its peek finding the channel's end")
 
 	close(deaf.release) // the control readers end: TestMain's goleak checks they did
 	<-gate.entered
