@@ -100,9 +100,9 @@ func (d *deafControl) Read(b []byte) (int, error) {
 
 // TestCloseAfterPeerSeesControlEnd: a Close that follows the peer's learns from the
 // control socket itself that the peer is gone, and so returns without waiting for its
-// control reader, which here never wakes. It also shows that the
-// peer's Close half-closes its control channel at once: the peer's channel is never
-// fully closed here (its Close is held), yet the end arrives.
+// control reader, which here never wakes. It also shows that the peer's Close
+// half-closes its control channel at once: the peer's channel is never fully closed
+// here (its Close is held), yet the end arrives.
 func TestCloseAfterPeerSeesControlEnd(t *testing.T) {
 	f := soft.New(soft.Options{})
 	ca, cb := tcpPair(t)
