@@ -151,15 +151,35 @@ func (c *Conn) Abandon() error {
 // returnStage), never under it, since some providers unmap registered memory as they
 // release it. The Read ends promptly: closing is set, and it returns net.ErrClosed at
 // its next step; the ReadFrom, when its reader's Read returns.
+//
+// The QP stops before any region it may reach is released: destroyed at once when
+// nothing is left in the ring or the staging buffer (the common case), else moved to
+// ERROR now and destroyed by whoever releases the endpoint. Moving a QP to ERROR only
+// to destroy it just after would flush every receive WQE still posted, a completion
+// each that the poller then reaps and drops: on soft, a twentieth of a connection's
+// setup and close; on a device, a command to it besides. (closing is set, so neither
+// a Read nor a ReadFrom can begin to hold the ring or the staging buffer now.)
 func (c *Conn) teardown() error {
 	var errs []error
-	if err := c.qp.ToError(); err != nil {
-		errs = append(errs, fmt.Errorf("rdma: close: QP to ERROR: %w", err))
-	}
-	c.ep.poller.detach(c.qp.QPN())
 	c.mu.Lock()
 	left := c.reading || c.stageLent
+	c.mu.Unlock()
+	if left {
+		if err := c.qp.ToError(); err != nil {
+			errs = append(errs, fmt.Errorf("rdma: close: QP to ERROR: %w", err))
+		}
+	}
+	c.ep.poller.detach(c.qp.QPN()) // no completion is dispatched to the Conn from here
+	c.mu.Lock()
+	// Again: a Read or ReadFrom seen above may have ended since, leaving the release
+	// to us (it releases only what releaseLeft hands it).
+	left = c.reading || c.stageLent
 	c.releaseLeft = left
+	if !left {
+		if err := c.ep.closeQP(); err != nil {
+			errs = append(errs, fmt.Errorf("rdma: close: %w", err))
+		}
+	}
 	if err := c.releaseDirectLocked(); err != nil { // zcopy.go
 		errs = append(errs, err)
 	}

@@ -174,16 +174,16 @@ func TestCloseWithFakeQP(t *testing.T) {
 		wantKinds []flowctl.Kind              // posted by the end
 		wantErr   error
 		wantText  string
-		wantToErr int  // QP moves to ERROR: teardown's, and a failure's
+		wantToErr int  // QP moves to ERROR: a failure's only (teardown destroys it: see TestCloseFlushesNothing)
 		parks     bool // Close parks for the FIN, and only then makes its channel
 	}{
 		{name: "FIN acknowledged", linger: time.Minute, ackFIN: true, parks: true,
-			wantKinds: []flowctl.Kind{flowctl.KindData, flowctl.KindFIN}, wantToErr: 1},
+			wantKinds: []flowctl.Kind{flowctl.KindData, flowctl.KindFIN}},
 		{name: "linger time passes", linger: 20 * time.Millisecond, parks: true,
 			wantKinds: []flowctl.Kind{flowctl.KindData, flowctl.KindFIN}, wantErr: ErrLingerTimeout,
-			wantText: "within the linger time of 20ms", wantToErr: 1},
+			wantText: "within the linger time of 20ms"},
 		{name: "negative linger", linger: -1,
-			wantKinds: []flowctl.Kind{flowctl.KindData, flowctl.KindFIN}, wantToErr: 1},
+			wantKinds: []flowctl.Kind{flowctl.KindData, flowctl.KindFIN}},
 		{name: "failed with a write unacknowledged", linger: time.Minute,
 			before: func(t *testing.T, c *Conn) {
 				c.mu.Lock()
@@ -191,7 +191,7 @@ func TestCloseWithFakeQP(t *testing.T) {
 				c.mu.Unlock()
 			},
 			wantKinds: []flowctl.Kind{flowctl.KindData}, wantErr: boom,
-			wantText: "1 work requests (writes or the FIN) never acknowledged", wantToErr: 2},
+			wantText: "1 work requests (writes or the FIN) never acknowledged", wantToErr: 1},
 		{name: "failed after every write was acknowledged", linger: time.Minute,
 			before: func(t *testing.T, c *Conn) {
 				c.onSendDone(0) // the data WR, completed
@@ -199,15 +199,15 @@ func TestCloseWithFakeQP(t *testing.T) {
 				c.failLocked(qpError("completion", boom))
 				c.mu.Unlock()
 			},
-			wantKinds: []flowctl.Kind{flowctl.KindData}, wantToErr: 2},
+			wantKinds: []flowctl.Kind{flowctl.KindData}, wantToErr: 1},
 		{name: "failed with only the FIN unacknowledged", linger: time.Minute,
 			before:    func(t *testing.T, c *Conn) { c.onSendDone(0) }, // the data WR, completed
 			failFIN:   true,
 			parks:     true,
-			wantKinds: []flowctl.Kind{flowctl.KindData, flowctl.KindFIN}, wantToErr: 1},
+			wantKinds: []flowctl.Kind{flowctl.KindData, flowctl.KindFIN}},
 		{name: "peer gone", linger: time.Minute,
 			before:    func(t *testing.T, c *Conn) { c.controlLost(io.EOF) },
-			wantKinds: []flowctl.Kind{flowctl.KindData, flowctl.KindFIN}, wantToErr: 1},
+			wantKinds: []flowctl.Kind{flowctl.KindData, flowctl.KindFIN}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -350,7 +350,7 @@ func TestAbandonWithFakeQP(t *testing.T) {
 	c := closableFakeConn(t, q, time.Minute)
 	require.NoError(t, c.Abandon())
 	require.Empty(t, q.posted(), "Abandon posted")
-	require.Equal(t, 1, q.toErrors())
+	require.Zero(t, q.toErrors(), "QP moved to ERROR: nothing is left in the ring, so teardown destroys it")
 	require.True(t, released(c))
 	require.NoError(t, c.ctrl.SetDeadline(time.Time{}), "the control channel was closed")
 	require.ErrorIs(t, c.Close(), net.ErrClosed)
@@ -395,5 +395,24 @@ func TestCloseLeavesControlToReader(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "last words", string(got))
 	require.NoError(t, b.Close())
+	requireReleased(t, f)
+}
+
+// TestCloseFlushesNothing: a Close with nothing left in the ring or the staging buffer
+// destroys its QP without moving it to ERROR first, so none of its posted receive WQEs
+// is flushed into the CQ for the poller to reap and drop; both ends, and the device's
+// count of flushed WQEs stays at zero. (A Close during a Read or WriteTo still moves
+// the QP to ERROR: TestCloseDuringWriteToWithFakeQP.)
+func TestCloseFlushesNothing(t *testing.T) {
+	f := soft.New(soft.Options{})
+	a, b := connPair(t, f, Options{})
+	_, err := a.Write([]byte("last words"))
+	require.NoError(t, err)
+	require.NoError(t, a.Close())
+	got, err := io.ReadAll(b)
+	require.NoError(t, err)
+	require.Equal(t, "last words", string(got))
+	require.NoError(t, b.Close())
+	require.Zero(t, f.Stats().Flushed, "receive WQEs flushed by two Closes")
 	requireReleased(t, f)
 }

@@ -566,6 +566,20 @@ func (ep *Endpoint) refund(qps, bytes int) {
 	ep.opts.Budget.Refund(qps, bytes)
 }
 
+// closeQP destroys the endpoint's QP, if it still has one. A QP that fails to be
+// destroyed may be left in the PD: its shell is not pooled.
+func (ep *Endpoint) closeQP() error {
+	if ep.qp == nil {
+		return nil
+	}
+	err := ep.qp.Close()
+	if err != nil {
+		ep.dirty = true // a QP may be left in the PD
+	}
+	ep.qp = nil
+	return err
+}
+
 // release frees whatever the endpoint holds, in reverse order of creation, and refunds
 // its budget.
 func (ep *Endpoint) release() error {
@@ -575,13 +589,7 @@ func (ep *Endpoint) release() error {
 			errs = append(errs, err)
 		}
 	}
-	if ep.qp != nil {
-		if err := ep.qp.Close(); err != nil {
-			add(err)
-			ep.dirty = true // a QP may be left in the PD
-		}
-		ep.qp = nil
-	}
+	add(ep.closeQP())
 	ep.poolShell() // pool.go: else the loops below free the regions and the PD
 	for _, mr := range [...]*verbs.MR{&ep.sendBuf, &ep.oldSend, &ep.ring, &ep.oldRing, &ep.nextRing} {
 		if *mr != nil {
