@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"runtime"
+	"sync"
 	"syscall"
 
 	"github.com/rsockio/rsock/rsock/internal/rdma"
@@ -25,17 +26,29 @@ import (
 // of 0, reads as the connection itself does.
 type bootSpin struct {
 	conn  bootConn
-	raw   syscall.RawConn // nil: no polling
+	raw   syscall.RawConn // nil: no polling; the engine's Conn peeks with it too (UseControlSocket)
 	spins int             // non-blocking tries per Read before it blocks
-
-	// The try in progress: tryRead's buffer and outcome.
-	buf   []byte
-	n     int
-	again bool // the socket had nothing to read yet
-	try   func(fd uintptr) bool
 
 	// hits counts the Reads that the polling served, for tests.
 	hits int
+}
+
+// bootTries holds the callbacks that a polling Read hands to RawConn.Read, each with
+// the outcome of its try. A callback is a method value, and a method value is an
+// allocation: a handshake polls for a Read or two, so one per bootSpin would cost every
+// connection one, where the pool's are reused.
+var bootTries = sync.Pool{New: func() any {
+	t := new(bootTry)
+	t.read = t.tryRead
+	return t
+}}
+
+// bootTry is one polling Read's callback: its buffer and the last try's outcome.
+type bootTry struct {
+	read  func(fd uintptr) bool
+	buf   []byte
+	n     int
+	again bool // the socket had nothing to read yet
 }
 
 // init makes s read conn, polling it up to spins times per Read (PollSpin's
@@ -54,7 +67,6 @@ func (s *bootSpin) init(conn bootConn, spins int) {
 		return
 	}
 	s.raw = raw
-	s.try = s.tryRead
 }
 
 // spinsOf is the number of tries that a Config's PollSpin gives.
@@ -68,13 +80,13 @@ func spinsOf(pollSpin int) int {
 	return pollSpin
 }
 
-// tryRead is one non-blocking read of the socket fd into s.buf. It never asks the
+// tryRead is one non-blocking read of the socket fd into t.buf. It never asks the
 // netpoller to wait (it reports done whatever happened): Read decides what follows.
-func (s *bootSpin) tryRead(fd uintptr) bool {
-	n, err := syscall.Read(int(fd), s.buf)
-	s.n, s.again = max(n, 0), errors.Is(err, syscall.EAGAIN)
+func (t *bootTry) tryRead(fd uintptr) bool {
+	n, err := syscall.Read(int(fd), t.buf)
+	t.n, t.again = max(n, 0), errors.Is(err, syscall.EAGAIN)
 	if err == nil && n == 0 {
-		s.again = false // end of stream: the connection's own Read reports it
+		t.again = false // end of stream: the connection's own Read reports it
 	}
 	return true
 }
@@ -84,23 +96,35 @@ func (s *bootSpin) tryRead(fd uintptr) bool {
 // connection's own Read returns them as it always does.
 func (s *bootSpin) Read(b []byte) (int, error) {
 	if s.raw != nil && len(b) > 0 {
-		s.buf = b
-		for i := range s.spins {
-			if i > 0 {
-				runtime.Gosched()
-			}
-			if err := s.raw.Read(s.try); err != nil || (s.n == 0 && !s.again) {
-				break
-			}
-			if s.n > 0 {
-				s.buf = nil
-				s.hits++
-				return s.n, nil
-			}
+		t := bootTries.Get().(*bootTry)
+		n := s.poll(t, b)
+		t.buf = nil
+		bootTries.Put(t)
+		if n > 0 {
+			s.hits++
+			return n, nil
 		}
-		s.buf = nil
 	}
 	return s.conn.Read(b)
+}
+
+// poll tries to read into b up to s.spins times, yielding the processor between
+// tries, and returns what it read: 0 when the socket had nothing, ended or failed, or
+// the deadline passed.
+func (s *bootSpin) poll(t *bootTry, b []byte) int {
+	t.buf = b
+	for i := range s.spins {
+		if i > 0 {
+			runtime.Gosched()
+		}
+		if err := s.raw.Read(t.read); err != nil || (t.n == 0 && !t.again) {
+			return 0
+		}
+		if t.n > 0 {
+			return t.n
+		}
+	}
+	return 0
 }
 
 var _ io.Reader = (*bootSpin)(nil)

@@ -1,6 +1,9 @@
 package rdma
 
-import "syscall"
+import (
+	"sync"
+	"syscall"
+)
 
 // A Close that follows the peer's (the peer's FIN arrived first: the side that
 // answers a client's close, a server's handler that read io.EOF) sends its own FIN
@@ -16,12 +19,36 @@ import "syscall"
 // polls, and one as it is about to park. Each peek is a system call.
 const ctrlPeekEvery = 16
 
-// ctrlPeek looks at the control socket for its end. It is made on the Conn's first
-// peek, and used only by Close's drain.
+// ctrlPeek is a Conn's access to its control socket for the peek. The socket's handle
+// is the handshake's when it handed one over (UseControlSocket), else made on the first
+// peek.
 type ctrlPeek struct {
-	raw   syscall.RawConn // nil: the control channel has no socket (QUIC, net.Pipe)
+	raw    syscall.RawConn // nil: the control channel has no socket (QUIC, net.Pipe)
+	looked bool            // raw is settled: handed over, or looked for
+	ended  bool            // what the last peek found
+}
+
+// peekers holds the callbacks that peeks hand to RawConn.Control. A callback is a
+// method value, and a method value is an allocation: a Conn peeks only in its Close, so
+// one per Conn would cost every connection one, where the pool's are reused.
+var peekers = sync.Pool{New: func() any {
+	p := new(peeker)
+	p.look = p.lookAt
+	return p
+}}
+
+// peeker is one peek's callback and what it found.
+type peeker struct {
 	look  func(fd uintptr)
-	ended bool // what the last look found
+	ended bool
+}
+
+// UseControlSocket gives the Conn the handle of its control channel's socket, which
+// the handshake made already for its own polling reads: Close's peek (see above)
+// then makes none of its own. It is called before Start, by the goroutine that set
+// the Conn up.
+func (c *Conn) UseControlSocket(raw syscall.RawConn) {
+	c.peek.raw, c.peek.looked = raw, raw != nil
 }
 
 // controlEnded reports whether the peer closed the control channel and nothing but that
@@ -29,8 +56,8 @@ type ctrlPeek struct {
 // never says so here; its reader says it as before.
 func (c *Conn) controlEnded() bool {
 	p := &c.peek
-	if p.look == nil {
-		p.look = p.lookAt // once: a method value is an allocation
+	if !p.looked {
+		p.looked = true
 		if sc, ok := c.ctrl.(syscall.Conn); ok {
 			p.raw, _ = sc.SyscallConn() // nil on error: no peeking
 		}
@@ -38,17 +65,18 @@ func (c *Conn) controlEnded() bool {
 	if p.raw == nil {
 		return false
 	}
-	p.ended = false
-	if err := p.raw.Control(p.look); err != nil {
-		return false
-	}
+	pk := peekers.Get().(*peeker)
+	pk.ended = false
+	err := p.raw.Control(pk.look)
+	p.ended = err == nil && pk.ended
+	peekers.Put(pk)
 	return p.ended
 }
 
 // lookAt peeks at socket fd without waiting: a read of 0 bytes without an error is
 // the peer's orderly close with nothing before it. Keepalive bytes still unread, or
 // nothing at all yet, are not an end.
-func (p *ctrlPeek) lookAt(fd uintptr) {
+func (p *peeker) lookAt(fd uintptr) {
 	var b [1]byte
 	n, err := recvPeek(fd, b[:])
 	p.ended = err == nil && n == 0

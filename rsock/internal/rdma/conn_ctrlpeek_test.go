@@ -72,6 +72,29 @@ func TestControlEndedWithoutSocket(t *testing.T) {
 	require.False(t, c.controlEnded())
 }
 
+// TestUseControlSocket: a Conn handed its control socket's handle peeks through it,
+// even where its control channel exposes no socket of its own (net.Pipe here stands for
+// a wrapper the handshake saw through), and a handle of nil leaves it to look for one.
+func TestUseControlSocket(t *testing.T) {
+	ours, peer := tcpPair(t)
+	defer ours.Close()
+	require.NoError(t, peer.Close())
+	requireReadable(t, ours)
+	raw, err := ours.(*net.TCPConn).SyscallConn()
+	require.NoError(t, err)
+	pipe, other := net.Pipe()
+	defer pipe.Close()
+	defer other.Close()
+
+	c := &Conn{ctrl: pipe}
+	c.UseControlSocket(raw)
+	require.True(t, c.controlEnded(), "the peek did not use the socket handed over")
+
+	c = &Conn{ctrl: ours}
+	c.UseControlSocket(nil)
+	require.True(t, c.controlEnded(), "without a handle, the peek finds the socket itself")
+}
+
 // requireReadable waits, without reading, until conn has something to read or its end:
 // a blocking poll on the socket (the bytes are on loopback already, or about to be).
 func requireReadable(t *testing.T, conn net.Conn) {
