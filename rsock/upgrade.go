@@ -419,7 +419,7 @@ func (a *acceptState) acceptRDMA(ctx context.Context, offer *hello) (upgrade, er
 	}
 	var b [1]byte
 	a.spin.init(a.boot, a.cfg.PollSpin) // bootspin.go: the confirmation comes soon
-	conn.UseControlSocket(a.spin.raw) // the socket's handle, made once for both
+	conn.UseControlSocket(a.spin.raw)   // the socket's handle, made once for both
 	_, err = io.ReadFull(&a.spin, b[:])
 	c := confirmation{b[0], err}
 	// A confirmReady follows our proof, so its answer is recorded by then (or being

@@ -122,8 +122,11 @@ type Conn struct {
 	readerRunning, readerFinishes bool
 	ctrlBuf                       [16]byte // the control reader's buffer (conn_close.go)
 	peek                          ctrlPeek // Close's look at the control socket (conn_ctrlpeek.go)
-	keepalive                     *time.Timer
 	kaPeriod                      time.Duration
+	// The control reader keeps the keepalive periods (readControl): kaSending is set
+	// while a period's keepalive is being sent, and kaOff once one failed to go out,
+	// after which none follows. Guarded by mu.
+	kaSending, kaOff bool
 
 	// Silence (conn_alive.go), guarded by mu: completions seen, the count at the last
 	// keepalive period, and the periods in a row that saw none.
@@ -242,12 +245,7 @@ func (c *Conn) Start() {
 		c.started = true
 		c.readerRunning = true
 		c.mu.Unlock()
-		go c.readControl()
-		if c.kaPeriod > 0 {
-			c.mu.Lock()
-			c.keepalive = time.AfterFunc(c.kaPeriod, c.sendKeepalive)
-			c.mu.Unlock()
-		}
+		go c.readControl() // which keeps the keepalive periods too
 	})
 }
 

@@ -1,9 +1,11 @@
 package rdma
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"net"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -193,4 +195,52 @@ func TestProbesEndWithThePeer(t *testing.T) {
 		require.NoError(t, a.Close())
 		requireReleased(t, f)
 	})
+}
+
+// countingSocket is a control channel on a TCP socket that counts the keepalive bytes
+// written to it. It still exposes the socket (SyscallConn is promoted), as rsock's
+// bootstrap connections do.
+type countingSocket struct {
+	*net.TCPConn
+	keepalives atomic.Int32
+}
+
+func (s *countingSocket) Write(b []byte) (int, error) {
+	s.keepalives.Add(int32(bytes.Count(b, ctrlKeepalive[:])))
+	return s.TCPConn.Write(b)
+}
+
+// TestKeepaliveOnSocket: over a socket, where the control reader sends each period's
+// keepalive itself (tickKeepalive), keepalives go out period after period, and the
+// connection carries data meanwhile and after. Only a keeps alive, so neither end
+// ever times out the other's silence, however slowly the machine runs the readers.
+func TestKeepaliveOnSocket(t *testing.T) {
+	f := soft.New(soft.Options{})
+	ta, tb := tcpPair(t)
+	ca := &countingSocket{TCPConn: ta.(*net.TCPConn)}
+	ea, err := Prepare(f, loopback, Options{})
+	require.NoError(t, err)
+	eb, err := Prepare(f, loopback, Options{})
+	require.NoError(t, err)
+	const period = 5 * time.Millisecond
+	a, err := ea.Connect(eb.Offer(), ca, period)
+	require.NoError(t, err)
+	b, err := eb.Connect(ea.Offer(), tb, 0)
+	require.NoError(t, err)
+	startPair(t, a, b)
+
+	for i := range 3 {
+		before := ca.keepalives.Load()
+		require.Eventually(t, func() bool { return ca.keepalives.Load() > before }, 10*time.Second, time.Millisecond,
+			"keepalive %d never went out", i+1)
+		_, err := a.Write([]byte{byte(i)})
+		require.NoError(t, err)
+		got := make([]byte, 1)
+		_, err = io.ReadFull(b, got)
+		require.NoError(t, err)
+		require.Equal(t, byte(i), got[0])
+	}
+	require.NoError(t, a.Close())
+	require.NoError(t, b.Close())
+	requireReleased(t, f)
 }

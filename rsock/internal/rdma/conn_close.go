@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"time"
 )
 
@@ -72,14 +73,10 @@ func (c *Conn) close() error {
 		c.fc.CloseWrite()
 		c.postControlLocked()
 	}
-	ka := c.keepalive
 	c.readChanges.Add(1)
-	signal(c.readable) // a waiter sees closing
+	signal(c.readable) // a waiter sees closing (and sendKeepalive sends nothing more)
 	signal(c.writable)
 	c.mu.Unlock()
-	if ka != nil {
-		ka.Stop()
-	}
 	undelivered := c.drain()
 	c.mu.Lock()
 	if !c.reading {
@@ -292,6 +289,11 @@ func (c *Conn) drain() error {
 // with keepalives on, and once the peer has sent one, three silent periods are a
 // timeout.
 //
+// It also keeps this end's keepalive periods: its Read's deadline is the next period's
+// end (or the peer's silence timeout, if sooner), and a Read cut short by it sends the
+// period's keepalive (tickKeepalive). A timer of the Conn's own would cost every
+// connection its allocation, and a callback's.
+//
 // When Close, its drain over, finds it running, it closes the channel (closeControl) as
 // it returns: Close sets readerFinishes and then a deadline in the past, so the reader,
 // which checks readerFinishes after setting its own deadline, either returns at once or
@@ -300,14 +302,24 @@ func (c *Conn) readControl() {
 	defer c.readerReturns()
 	buf := &c.ctrlBuf // in the Conn: a local array would escape into ctrl.Read
 	peerKeepsAlive := false
+	// tick is when this end's next keepalive is due (zero: none is), silentAt when the
+	// peer's silence becomes a timeout.
+	var tick, silentAt time.Time
+	if c.kaPeriod > 0 {
+		tick = time.Now().Add(c.kaPeriod)
+	}
 	for {
-		// Silence is a timeout only once the peer has shown it sends keepalives: a peer
-		// configured without them must not be cut off for being idle.
-		if c.kaPeriod > 0 && peerKeepsAlive {
-			c.ctrl.SetReadDeadline(time.Now().Add(3 * c.kaPeriod))
+		if c.kaPeriod > 0 {
+			// Silence is a timeout only once the peer has shown it sends keepalives: a
+			// peer configured without them must not be cut off for being idle.
+			at := tick
+			if peerKeepsAlive && (at.IsZero() || silentAt.Before(at)) {
+				at = silentAt
+			}
+			c.ctrl.SetReadDeadline(at)
 		}
 		c.mu.Lock()
-		failed, closing, handedOver := c.err != nil, c.closing, c.readerFinishes
+		failed, closing, handedOver, kaOff := c.err != nil, c.closing, c.readerFinishes, c.kaOff
 		c.mu.Unlock()
 		if handedOver {
 			return // and close the channel (readerReturns)
@@ -320,8 +332,14 @@ func (c *Conn) readControl() {
 			}
 			return
 		}
+		if kaOff {
+			tick = time.Time{}
+		}
 		n, err := c.ctrl.Read(buf[:])
-		peerKeepsAlive = peerKeepsAlive || n > 0
+		if n > 0 {
+			peerKeepsAlive = true
+			silentAt = time.Now().Add(3 * c.kaPeriod)
+		}
 		for _, b := range buf[:n] {
 			if b != ctrlKeepalive[0] {
 				c.mu.Lock()
@@ -330,16 +348,29 @@ func (c *Conn) readControl() {
 				break
 			}
 		}
-		if err != nil {
-			c.mu.Lock()
-			failed := c.err != nil
-			c.mu.Unlock()
-			if failed {
-				continue // woken by failLocked: close the channel above
-			}
-			c.controlLost(err) // which, in a Close, only lets its drain end
-			return
+		if err == nil {
+			continue
 		}
+		c.mu.Lock()
+		failed, handedOver = c.err != nil, c.readerFinishes
+		c.mu.Unlock()
+		if failed || handedOver {
+			continue // woken by failLocked or Close: see above
+		}
+		if c.kaPeriod > 0 && errors.Is(err, os.ErrDeadlineExceeded) {
+			now := time.Now()
+			switch {
+			case peerKeepsAlive && !now.Before(silentAt):
+				c.controlLost(err) // the peer's silence: a timeout
+				return
+			case !tick.IsZero() && !now.Before(tick):
+				tick = now.Add(c.kaPeriod)
+				c.tickKeepalive()
+			}
+			continue
+		}
+		c.controlLost(err) // which, in a Close, only lets its drain end
+		return
 	}
 }
 

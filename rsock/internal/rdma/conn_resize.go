@@ -86,8 +86,8 @@ func (c *Conn) maybeGrowLocked(n int) {
 }
 
 // idleShrinkLocked shrinks a grown ring back to its first size when no data arrived
-// since the last keepalive tick and nothing is buffered. Called with mu held, from the
-// keepalive timer.
+// since the last keepalive tick and nothing is buffered. Called with mu held, from each
+// keepalive period's sendKeepalive.
 func (c *Conn) idleShrinkLocked() {
 	arrived := c.dataArrivals
 	idle := arrived == c.arrivalsAtTick

@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"syscall"
 	"time"
 
 	"github.com/rsockio/rsock/flowctl"
@@ -414,9 +415,29 @@ func parkChan(ch *chan struct{}) {
 	}
 }
 
-// sendKeepalive runs every keepalive period from Start: it checks that the peer's
-// device answered since the last periods (see checkSilenceLocked), probes the path on
-// the QP, and sends one byte on the control channel, then rearms its timer.
+// tickKeepalive sends a keepalive period's keepalive (sendKeepalive), unless the last
+// period's is still being sent. It is called by the control reader (readControl). On a
+// socket it sends inline: the socket's buffer takes the byte at once. Elsewhere it sends
+// from a goroutine of its own: on an unbuffered channel (net.Pipe) a Write waits for
+// the peer's reader, which may be sending its own keepalive at that moment.
+func (c *Conn) tickKeepalive() {
+	c.mu.Lock()
+	busy := c.kaSending
+	c.kaSending = true
+	c.mu.Unlock()
+	if busy {
+		return
+	}
+	if _, socket := c.ctrl.(syscall.Conn); socket {
+		c.sendKeepalive()
+		return
+	}
+	go c.sendKeepalive()
+}
+
+// sendKeepalive runs every keepalive period from Start (tickKeepalive): it checks that
+// the peer's device answered since the last periods (see checkSilenceLocked), probes
+// the path on the QP, and sends one byte on the control channel.
 //
 // The probe is a signaled keepalive message when flowctl has credit for one (it
 // carries any credit owed), else a zero-length RDMA WRITE, which needs no credit: it
@@ -431,6 +452,7 @@ func parkChan(ch *chan struct{}) {
 // a probe could only fail a stream that ended cleanly. The control byte still goes
 // out: a peer that half-closed still expects it.
 func (c *Conn) sendKeepalive() {
+	defer c.keepaliveSent()
 	c.mu.Lock()
 	if c.closing || c.err != nil {
 		c.mu.Unlock()
@@ -456,11 +478,17 @@ func (c *Conn) sendKeepalive() {
 	c.mu.Unlock()
 	c.ctrl.SetWriteDeadline(time.Now().Add(c.kaPeriod))
 	if _, err := c.ctrl.Write(ctrlKeepalive[:]); err != nil {
-		return // the control reader reports the loss
+		// No keepalive follows (the peer then times out the silence); a lost channel
+		// the control reader reports.
+		c.mu.Lock()
+		c.kaOff = true
+		c.mu.Unlock()
 	}
+}
+
+// keepaliveSent ends a period's sendKeepalive: the next period may send.
+func (c *Conn) keepaliveSent() {
 	c.mu.Lock()
-	if !c.closing {
-		c.keepalive.Reset(c.kaPeriod)
-	}
+	c.kaSending = false
 	c.mu.Unlock()
 }

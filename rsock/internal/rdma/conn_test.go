@@ -217,10 +217,11 @@ func TestQPErrorFailsConn(t *testing.T) {
 }
 
 // TestKeepalive: with keepalives on at both ends an idle connection stays up, and a
-// peer that goes silent (its control channel stalls, here by freezing its keepalive
-// timer) is detected with ErrKeepaliveTimeout. It runs in a synctest bubble, the control
-// channel on net.Pipe (real sockets do not block durably): the idle spell and the
-// keepalive timers are on the bubble's clock, so "stays up" is decided, not sampled.
+// peer that goes silent (its control channel stalls, here by making its keepalive
+// periods send nothing) is detected with ErrKeepaliveTimeout. It runs in a synctest
+// bubble, the control channel on net.Pipe (real sockets do not block durably): the
+// idle spell and the keepalive periods are on the bubble's clock, so "stays up" is
+// decided, not sampled.
 func TestKeepalive(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := soft.New(soft.Options{})
@@ -255,8 +256,7 @@ func TestKeepalive(t *testing.T) {
 		require.NoError(t, err)
 
 		b.mu.Lock()
-		b.keepalive.Stop() // b falls silent
-		b.closing = true   // and stays so: sendKeepalive will not rearm
+		b.closing = true // b falls silent: its keepalive periods send nothing
 		b.mu.Unlock()
 		_, err = a.Read(buf)
 		require.ErrorIs(t, err, ErrKeepaliveTimeout)

@@ -127,7 +127,7 @@ func (c *Conn) directRegion(p []byte) (verbs.MR, uint64) {
 // used since the last keepalive tick, so that a buffer written once is not held until
 // the Conn closes: a connection with keepalives holds its direct writes' buffers for
 // one to two periods after their last use, one without them until it closes (or
-// until newer buffers replace them). Called with mu held, from the keepalive timer.
+// until newer buffers replace them). Called with mu held, from each keepalive period.
 func (c *Conn) idleDirectLocked() {
 	d := &c.direct
 	if d.writing || d.torn {
