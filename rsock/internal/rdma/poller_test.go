@@ -313,3 +313,32 @@ func TestPollerStandsByWhileWaitersSpin(t *testing.T) {
 		require.NoError(t, p.close())
 	})
 }
+
+// TestAttachWaitsForTheStoppedGoroutine: the goroutine that the last detach stopped
+// may still be running when the next QP attaches (detach waits for it without the
+// lock). The new goroutine starts only once the old one has returned: two at once
+// clobbered each other's standby flag, and a goroutine standing by that spinners
+// believed was not waited for a nudge nobody sent.
+func TestAttachWaitsForTheStoppedGoroutine(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := newFakePoller(newFakeCQ(), 64, 0)
+		exiting := make(chan struct{})
+		p.done = exiting // stopped by the last detach (p.stop is nil), not yet returned
+		attached := make(chan error, 1)
+		go func() { attached <- p.attach(1, &recorder{}) }()
+		synctest.Wait()
+		require.Empty(t, attached, "attach returned while the stopped goroutine still ran")
+		p.mu.RLock()
+		started := p.stop != nil
+		p.mu.RUnlock()
+		require.False(t, started, "a second goroutine started beside the stopped one")
+
+		close(exiting) // the stopped goroutine returns
+		require.NoError(t, <-attached)
+		p.mu.RLock()
+		started = p.stop != nil
+		p.mu.RUnlock()
+		require.True(t, started, "no goroutine started once the stopped one returned")
+		p.detach(1)
+	})
+}
