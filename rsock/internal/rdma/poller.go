@@ -170,7 +170,7 @@ func (p *poller) unreserve(entries int) {
 // the old one's clearing, after the new one set standby, hid the new one's standby
 // from the spinners that must nudge it, and it stood by, reaping nothing, until its
 // connections closed: a parked Read waited for data that had arrived (on shm, a path
-// proof waited out its 5 s about once in 15,000 setups one after the other).
+// proof waited out its 5 s about once in 20,000 setups one after the other).
 func (p *poller) attach(qpn uint32, h completionHandler) error {
 	p.mu.Lock()
 	for p.stop == nil && p.done != nil && !isClosed(p.done) {
