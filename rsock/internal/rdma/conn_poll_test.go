@@ -380,9 +380,18 @@ func TestSpinningReadSeesChange(t *testing.T) {
 				script.do = func() { cq.push(tc.arrival(t, q.qpn)) }
 				if tc.arrival == nil {
 					// Close tears down the Endpoint, and takes the poller's lock, which
-					// the poll that starts it holds.
+					// the poll that starts it holds: it runs on a goroutine of its own,
+					// and the poll returns once Close has marked the Conn closing, so
+					// that the Read's next polls are what must see it. (The Read's
+					// yields are only counted: without the wait, a Close not yet
+					// scheduled when the Read spun out failed the test now and then.)
 					c.ep, c.linger = &Endpoint{poller: c.poll}, -1
-					script.do = func() { go c.Close() }
+					script.do = func() {
+						go c.Close()
+						for !closing(c) {
+							runtime.Gosched()
+						}
+					}
 				}
 				c.poll.cq = script
 				yields := &yieldCounter{}
@@ -402,6 +411,13 @@ func TestSpinningReadSeesChange(t *testing.T) {
 			})
 		})
 	}
+}
+
+// closing reports whether c's Close has begun.
+func closing(c *Conn) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closing
 }
 
 // TestReadFromReadsWithoutSpinSlot: a ReadFrom that spun for room gives its slot back
