@@ -168,9 +168,10 @@ func (p *poller) unreserve(entries int) {
 // for it without holding mu): the new one starts only once it has returned, so that
 // two never run at once. Each sets and clears the poller's standby and asleep flags;
 // the old one's clearing, after the new one set standby, hid the new one's standby
-// from the spinners that must nudge it, and it stood by, reaping nothing, until its
-// connections closed: a parked Read waited for data that had arrived (on shm, a path
-// proof waited out its 5 s about once in 20,000 setups one after the other).
+// from the spinners that must nudge it, and it stood by, reaping nothing, until another
+// waiter polled or its connections closed: a parked Read waited for data that had
+// arrived (on shm, a path proof waited out its 5 s about once in 20,000 setups one
+// after the other).
 func (p *poller) attach(qpn uint32, h completionHandler) error {
 	p.mu.Lock()
 	for p.stop == nil && p.done != nil && !isClosed(p.done) {
