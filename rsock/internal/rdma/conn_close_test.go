@@ -406,13 +406,20 @@ func TestCloseLeavesControlToReader(t *testing.T) {
 func TestCloseFlushesNothing(t *testing.T) {
 	f := soft.New(soft.Options{})
 	a, b := connPair(t, f, Options{})
+	closeAfterLastWords(t, a, b)
+	require.NoError(t, b.Close())
+	require.Zero(t, f.Stats().Flushed, "receive WQEs flushed by two Closes")
+	requireReleased(t, f)
+}
+
+// closeAfterLastWords writes a few bytes on a and closes it, then reads b to its end
+// and checks that the bytes arrived: the peer's Close, before b's own.
+func closeAfterLastWords(t *testing.T, a, b *Conn) {
+	t.Helper()
 	_, err := a.Write([]byte("last words"))
 	require.NoError(t, err)
 	require.NoError(t, a.Close())
 	got, err := io.ReadAll(b)
 	require.NoError(t, err)
 	require.Equal(t, "last words", string(got))
-	require.NoError(t, b.Close())
-	require.Zero(t, f.Stats().Flushed, "receive WQEs flushed by two Closes")
-	requireReleased(t, f)
 }

@@ -135,13 +135,7 @@ func TestCloseAfterPeerSeesControlEnd(t *testing.T) {
 	// soft's transport retries ran out, and fail the Conn.
 	a, b := connPairOver(t, f, loopback.String(), loopback.String(), Options{}, halfCloser{gate}, deaf)
 
-	_, err := a.Write([]byte("last words"))
-	require.NoError(t, err)
-	require.NoError(t, a.Close())
-	got, err := io.ReadAll(b)
-	require.NoError(t, err)
-	require.Equal(t, "last words", string(got))
-
+	closeAfterLastWords(t, a, b)
 	require.NoError(t, b.Close(), "the Close that followed the peer's")
 	b.mu.Lock()
 	gone := b.peerGone
