@@ -212,9 +212,10 @@ type Config struct {
 	MaxRegisteredMemoryPerRemote   int64
 	MaxRegisteredMemoryPerListener int64
 	// PollSpin is how many empty completion-queue polls the engine makes, yielding
-	// between them, before it sleeps on the completion channel (on rdma-core, where it
-	// polls a few times between two yields, the spin of a Read that follows a Write
-	// counts yields). Negative never spins.
+	// between them, before it sleeps on the completion channel. On rdma-core it polls
+	// a few times between two yields (on Soft-RoCE it yields only to goroutines), and
+	// a Read that follows a Write spins eight times as many polls. Negative never
+	// spins.
 	// It also bounds the non-blocking reads with which the RDMA handshake waits for the
 	// peer's answers on the bootstrap TCP connection before it blocks.
 	PollSpin int

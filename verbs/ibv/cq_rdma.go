@@ -314,8 +314,9 @@ var _ interface{ FilledOutside() bool } = (*cq)(nil) // the method rsock's engin
 
 // FilledOnHost reports whether the CQ's device is the kernel's Soft-RoCE
 // ([verbs.DeviceAttr.SoftRoCE]): its completions are then produced by this host's
-// cores, so a thread spinning on the CQ keeps giving its core up, however busy the
-// host looks (rsock/internal/rdma's pause).
+// cores, in kernel context that preempts a spinning thread when it has work, so a
+// thread spinning on the CQ polls on without yielding its core
+// (rsock/internal/rdma's pause).
 func (c *cq) FilledOnHost() bool { return c.ctx.attr.SoftRoCE }
 
 var _ interface{ FilledOnHost() bool } = (*cq)(nil) // the method rsock's engine looks for

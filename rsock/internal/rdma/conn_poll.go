@@ -12,7 +12,8 @@ import "runtime"
 // re-posted and credits and send completions accounted as usual, and its own data is
 // buffered by the time it looks again. Only then does it park. Between polls it
 // yields as the CQ calls for (poller.pause): runtime.Gosched on a CQ this process's
-// goroutines fill (soft), a thread yield every few polls on one filled outside (ibv).
+// goroutines fill (soft), a thread yield every few polls on one a NIC fills (ibv),
+// none on Soft-RoCE's.
 // The goroutine remains for when nobody is waiting (WQEs must be re-posted and credit
 // returned whether or not the application reads); while waiters spin it stands by,
 // polling nothing, and the last of them to stop nudges it (poller.standBy, endSpin),

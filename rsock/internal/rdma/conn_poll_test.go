@@ -328,7 +328,6 @@ type yieldCounter struct{ n atomic.Int64 }
 
 func (y *yieldCounter) Gosched()        { y.n.Add(1); runtime.Gosched() }
 func (y *yieldCounter) Yield()          { y.Gosched() }
-func (y *yieldCounter) YieldNow()       { y.Gosched() }
 func (y *yieldCounter) Contended() bool { return false }
 
 // TestWaiterYieldsToTokenHolderSometimes: a waiter that finds the poller's token taken

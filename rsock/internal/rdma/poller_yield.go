@@ -52,11 +52,11 @@ func filledOnHost(cq completionQueue) bool {
 }
 
 // How a spinner on a CQ filled outside spaces its yields (pause): of
-// outsideYieldEvery empty polls, one yields the thread (a sched_yield; by cpuyield's
-// policy runtime.Gosched on a contended host, unless the CQ is filled by this host's
-// cores), the others look again at once; of outsideGoschedEvery, one is a
-// runtime.Gosched, so that goroutines that share the spinner's processor still run
-// while it spins.
+// outsideGoschedEvery empty polls, one is a runtime.Gosched, so that goroutines that
+// share the spinner's processor still run while it spins; of outsideYieldEvery, one
+// yields the thread (a sched_yield; by cpuyield's policy runtime.Gosched on a
+// contended host), unless the CQ is filled by this host's cores, where no poll does;
+// the others look again at once.
 const (
 	outsideYieldEvery   = 8
 	outsideGoschedEvery = 64
@@ -65,8 +65,9 @@ const (
 // answerSpinPolls is how many empty polls a Read that waits for an answer (to this
 // side's writes: awaitsAnswer) makes before it parks: the poller's spin, which counts
 // yields, in polls. On a CQ filled outside, its spin lasts as many yields,
-// outsideYieldEvery polls each: an answer that comes after the spin costs a sleep on
-// the completion channel and a wake-up. Other waits spin the poller's spin in polls: a
+// outsideYieldEvery polls each (on Soft-RoCE, whose spinners do not yield, as many
+// polls): an answer that comes after the spin costs a sleep on the completion channel
+// and a wake-up. Other waits spin the poller's spin in polls: a
 // Read of a stream, which waits for the next piece, a Write for room, and the
 // poller's goroutine, for nobody; the cores they would spin on are the ones the
 // kernel's Soft-RoCE and the peer move the stream with. On Soft-RoCE in the CI's VM (2
@@ -97,21 +98,32 @@ func (p *poller) answerSpinPolls() int {
 // A due thread yield follows cpuyield's policy, which on a host that looks contended
 // (a yield took long: someone else ran) yields with runtime.Gosched instead, keeping
 // the core. Toward a NIC that is right: nothing this host runs makes the completion.
-// On a CQ filled by this host's cores (onHost: Soft-RoCE), that someone else was most
-// likely the kernel's packet processing that makes it, so there the thread yields at
-// every due yield, contended or not. In the CI's VM, on a day a yield there often took
-// that long, it took the 64 B round trip from 3-5 ms to 1.0-1.5 ms; yielding every
-// 32nd or 128th poll instead of every 8th made it 1.5 to 8 times slower again
-// (benchmarks/README.md, 2026-11-29).
+//
+// On a CQ filled by this host's cores (onHost: Soft-RoCE), the spinner never yields
+// its thread: it polls, with a runtime.Gosched every outsideGoschedEvery polls and
+// nothing between. What makes its completion is the kernel's packet processing, in
+// softirq context or a kworker that the kernel wakes when there is work; a sched_yield
+// every eighth poll cost the spinner a system call each time and, whenever another
+// thread of the host was runnable, its core for that thread's slice. In the CI's VM,
+// one binary with the two policies as variants, interleaved over five rounds (quiet
+// host, 2026-11-29), the 64 B round trip took 342–833 µs spinning and 361–609 µs in
+// the default mode without the yields, against 561–974 µs and 592–1010 µs with them
+// (0.73× and 1.38× rstream's, medians), and lost in none of the rounds; streams of
+// 4 KiB and 64 KiB stayed within the rounds' spread (benchmarks/README.md). An earlier
+// boot had measured fewer yields slower (one every 32nd or 128th poll: 2.2 and 2.8 ms
+// against 1.45 ms), before the last spinner's nudge of the poller's goroutine was
+// deferred (nudge.go). With a busy loop on one of the host's two cores (two boots, in
+// which every tool's round trip swung from 0.8 to 3.8 ms round to round), the spinning
+// round trip was slower without the yields (medians 2.43 and 3.57 ms against 1.71 and
+// 2.70), the default one was not, and the streams went either way.
 func (p *poller) pause(polls int) {
 	y := p.spinYielder()
 	switch {
 	case p.yields(): // the poll yielded already
 	case !p.outside || polls%outsideGoschedEvery == 0:
 		y.Gosched()
+	case p.onHost: // polls on: see above
 	case polls%outsideYieldEvery != 0:
-	case p.onHost:
-		y.YieldNow()
 	case y.Contended():
 		y.Gosched()
 	default:
@@ -131,7 +143,6 @@ func (p *poller) spinYielder() threadYielder {
 type threadYielder interface {
 	Gosched()        // runtime.Gosched
 	Yield()          // cpuyield's policy
-	YieldNow()       // a thread yield (sched_yield), whatever the policy
 	Contended() bool // cpuyield's host is contended
 }
 
@@ -139,5 +150,4 @@ type hostYield struct{}
 
 func (hostYield) Gosched()        { runtime.Gosched() }
 func (hostYield) Yield()          { cpuyield.Host.Yield() }
-func (hostYield) YieldNow()       { cpuyield.SchedYield() }
 func (hostYield) Contended() bool { return cpuyield.Host.Contended() }
