@@ -65,9 +65,9 @@ const (
 // answerSpinPolls is how many empty polls a Read that waits for an answer (to this
 // side's writes: awaitsAnswer) makes before it parks: the poller's spin, which counts
 // yields, in polls. On a CQ filled outside, its spin lasts as many yields,
-// outsideYieldEvery polls each (on Soft-RoCE, whose spinners do not yield, as many
-// polls): an answer that comes after the spin costs a sleep on the completion channel
-// and a wake-up. Other waits spin the poller's spin in polls: a
+// outsideYieldEvery polls each (on Soft-RoCE, whose spinners do not yield,
+// onHostAnswerScale times as many polls): an answer that comes after the spin costs a
+// sleep on the completion channel and a wake-up. Other waits spin the poller's spin in polls: a
 // Read of a stream, which waits for the next piece, a Write for room, and the
 // poller's goroutine, for nobody; the cores they would spin on are the ones the
 // kernel's Soft-RoCE and the peer move the stream with. On Soft-RoCE in the CI's VM (2
@@ -86,11 +86,23 @@ const (
 //     at 214–234 µs, and the streams at 38.6–41.6 and 30.3–30.7 MB/s, the 4 KiB one
 //     1.02× rstream's in both.
 func (p *poller) answerSpinPolls() int {
-	if p.outside {
+	switch {
+	case p.onHost:
+		return p.spin * outsideYieldEvery * onHostAnswerScale
+	case p.outside:
 		return p.spin * outsideYieldEvery
 	}
 	return p.spin
 }
+
+// onHostAnswerScale lengthens, on a CQ filled by this host's cores, the spin of a Read
+// that waits for an answer: its polls do not yield (pause), so each takes a fraction of
+// the time a poll and its share of a yield took, and a spin of the same count ended
+// before the answer came. The Read then parked, and in the CI's VM a parked Read's
+// wake-up cost the round trip milliseconds: the default mode's 64 B round trip took
+// 4.3–6.1 ms (5.55× ibv_rc_pingpong -e's) in CI's boot of the polls without this,
+// against 0.6 ms before them.
+const onHostAnswerScale = 8
 
 // pause is a spinner's wait between an empty poll and the next; polls counts the
 // spinner's polls so far, from one, this one included.

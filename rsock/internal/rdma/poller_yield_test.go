@@ -127,8 +127,9 @@ func TestPause(t *testing.T) {
 
 // TestAnswerSpinOutside: on a CQ filled outside, the spin of a Read that waits for an
 // answer counts yields: it makes outsideYieldEvery times as many polls before it
-// parks; any other wait makes the poller's spin in polls, as every wait on any other
-// CQ does.
+// parks, and onHostAnswerScale times that on one filled on this host, whose polls do
+// not yield; any other wait makes the poller's spin in polls, as every wait on any
+// other CQ does.
 func TestAnswerSpinOutside(t *testing.T) {
 	for _, tc := range []struct {
 		name          string
@@ -137,10 +138,11 @@ func TestAnswerSpinOutside(t *testing.T) {
 	}{
 		{"soft", newFakeCQ(), 5, 5},
 		{"filled outside", outsideCQ{newFakeCQ()}, 5 * outsideYieldEvery, 5},
+		{"filled on this host", onHostCQ{outsideCQ{newFakeCQ()}}, 5 * outsideYieldEvery * onHostAnswerScale, 5},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newFakePoller(nil, 64, 5)
-			p.cq, p.outside = tc.cq, filledOutside(tc.cq)
+			p.cq, p.outside, p.onHost = tc.cq, filledOutside(tc.cq), filledOnHost(tc.cq)
 			c := &Conn{poll: p}
 			for _, answer := range []bool{true, false} {
 				s := spin{c: c, answer: answer}
