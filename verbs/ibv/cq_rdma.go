@@ -314,8 +314,8 @@ var _ interface{ FilledOutside() bool } = (*cq)(nil) // the method rsock's engin
 
 // FilledOnHost reports whether the CQ's device is the kernel's Soft-RoCE
 // ([verbs.DeviceAttr.SoftRoCE]): its completions are then produced by this host's
-// cores, in kernel context that preempts a spinning thread when it has work, so a
-// thread spinning on the CQ polls on without yielding its core
+// cores, by the kernel's packet processing, and a thread spinning on the CQ polls on
+// without yielding its core, which measured faster there than yielding it
 // (rsock/internal/rdma's pause).
 func (c *cq) FilledOnHost() bool { return c.ctx.attr.SoftRoCE }
 

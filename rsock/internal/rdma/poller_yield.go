@@ -67,8 +67,8 @@ const (
 // yields, in polls. On a CQ filled outside, its spin lasts as many yields,
 // outsideYieldEvery polls each (on Soft-RoCE, whose spinners do not yield,
 // onHostAnswerScale times as many polls): an answer that comes after the spin costs a
-// sleep on the completion channel and a wake-up. Other waits spin the poller's spin in polls: a
-// Read of a stream, which waits for the next piece, a Write for room, and the
+// sleep on the completion channel and a wake-up. Other waits spin the poller's spin in
+// polls: a Read of a stream, which waits for the next piece, a Write for room, and the
 // poller's goroutine, for nobody; the cores they would spin on are the ones the
 // kernel's Soft-RoCE and the peer move the stream with. On Soft-RoCE in the CI's VM (2
 // vCPUs, rsockperf between two processes, perf-only boots; the build before, four
@@ -111,18 +111,19 @@ const onHostAnswerScale = 8
 // (a yield took long: someone else ran) yields with runtime.Gosched instead, keeping
 // the core. Toward a NIC that is right: nothing this host runs makes the completion.
 //
-// On a CQ filled by this host's cores (onHost: Soft-RoCE), the spinner never yields
-// its thread: it polls, with a runtime.Gosched every outsideGoschedEvery polls and
-// nothing between. What makes its completion is the kernel's packet processing, in
-// softirq context or a kworker that the kernel wakes when there is work; a sched_yield
-// every eighth poll cost the spinner a system call each time and, whenever another
-// thread of the host was runnable, its core for that thread's slice. In the CI's VM,
-// one binary with the two policies as variants, interleaved over five rounds (quiet
-// host, 2026-11-29), the 64 B round trip took 342–833 µs spinning and 361–609 µs in
-// the default mode without the yields, against 561–974 µs and 592–1010 µs with them
-// (0.73× and 1.38× rstream's, medians), and lost in none of the rounds; streams of
-// 4 KiB and 64 KiB stayed within the rounds' spread (benchmarks/README.md). An earlier
-// boot had measured fewer yields slower (one every 32nd or 128th poll: 2.2 and 2.8 ms
+// On a CQ filled by this host's cores (onHost: Soft-RoCE), the spinner never yields its
+// thread: it polls, with a runtime.Gosched every outsideGoschedEvery polls and nothing
+// between. What makes its completion is the kernel's packet processing, in softirq
+// context or a kworker that the kernel wakes when there is work; a sched_yield every
+// eighth poll cost the spinner a system call each time and, whenever another thread of
+// the host was runnable, its core for that thread's slice. In the CI's VM, one binary
+// with the two policies as variants, interleaved over five rounds (quiet host,
+// 2026-11-29), the 64 B round trip took 342–833 µs spinning and 361–609 µs in the
+// default mode without the yields, against 561–974 µs and 592–1010 µs with them (0.73×
+// and 1.38× rstream's, medians), and lost in none of the rounds; streams of 4 KiB and
+// 64 KiB stayed within the rounds' spread (benchmarks/README.md). CI's boot of it then
+// showed the default mode's answer spin too short (onHostAnswerScale). An earlier boot
+// had measured fewer yields slower (one every 32nd or 128th poll: 2.2 and 2.8 ms
 // against 1.45 ms), before the last spinner's nudge of the poller's goroutine was
 // deferred (nudge.go). With a busy loop on one of the host's two cores (two boots, in
 // which every tool's round trip swung from 0.8 to 3.8 ms round to round), the spinning
