@@ -301,7 +301,8 @@ func (c *Conn) SetWriteDeadline(t time.Time) error {
 }
 
 // setDeadlines sets the read deadline, the write deadline or both to t, and wakes a
-// Read or Write waiting on no deadline, so that it waits on this one. After Close (or
+// parked Read or Write, so that it waits on this deadline (deadline.set says when; the
+// wait arms the deadline's timer as it parks again). After Close (or
 // Abandon) began, it returns an error matching net.ErrClosed, as a closed net.Conn's
 // setters do.
 func (c *Conn) setDeadlines(op string, t time.Time, read, write bool) error {
@@ -317,103 +318,6 @@ func (c *Conn) setDeadlines(op string, t time.Time, read, write bool) error {
 		signal(c.writable)
 	}
 	return nil
-}
-
-// deadline is a settable point in time that pending waits observe: its channel is
-// closed when the time passes, and replaced when the deadline moves into the future.
-// Reads and Writes check it with one atomic load; only set takes the mutex.
-//
-// The channel is made when a deadline is first set: until then wait returns nil, a
-// channel that never fires, so that a connection whose deadlines are never set makes
-// none. A wait that began on nil is woken by the caller of set when set reports that it
-// made the channel (see Conn.SetReadDeadline). The channel is held in an atomic.Value
-// rather than behind an atomic.Pointer: a channel is pointer-shaped, so storing one
-// boxes nothing.
-//
-// One timer serves every deadline the Conn is given, made with the first and reset by
-// the next: a server that moves its deadlines with each request (net/http's
-// timeouts) allocates nothing for them after the first. A timer stopped or reset may
-// still fire once for the time it was set to before (time.AfterFunc's Reset does not
-// wait for a callback already under way), so fire acts only on the deadline in force:
-// it closes the channel once that has passed, and waits again for what is left of one
-// still ahead.
-type deadline struct {
-	mu      sync.Mutex
-	timer   *time.Timer  // fire; nil until a deadline in the future was first set
-	at      time.Time    // the deadline in force, on the monotonic clock; zero: none
-	expired atomic.Value // chan struct{}, once set made one
-}
-
-// renew installs a fresh, open channel. Called with mu held (or before use).
-func (d *deadline) renew() chan struct{} {
-	ch := make(chan struct{})
-	d.expired.Store(ch)
-	return ch
-}
-
-// set moves the deadline to t; the zero time means none. It reports whether it made
-// the deadline's first channel: waits that began before, on none, must then be woken
-// to wait on it. Like package net's, a deadline is taken as a duration from now: a
-// wall clock that jumps later does not move it.
-func (d *deadline) set(t time.Time) (made bool) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.timer != nil {
-		d.timer.Stop() // a callback under way finds the deadline moved (fire)
-	}
-	d.at = time.Time{}
-	ch := d.wait()
-	closed := isClosed(ch)
-	if t.IsZero() {
-		if closed {
-			d.renew()
-		}
-		return false
-	}
-	if ch == nil {
-		ch, made = d.renew(), true
-	}
-	if dur := time.Until(t); dur > 0 {
-		if closed {
-			d.renew()
-		}
-		d.at = time.Now().Add(dur)
-		if d.timer == nil {
-			d.timer = time.AfterFunc(dur, d.fire)
-		} else {
-			d.timer.Reset(dur)
-		}
-		return made
-	}
-	if !closed {
-		close(ch)
-	}
-	return made
-}
-
-// fire is the timer's callback: it closes the channel if the deadline in force has
-// passed. A deadline cleared since, or one already past whose channel set closed,
-// leaves nothing to do; one moved later is waited for again.
-func (d *deadline) fire() {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.at.IsZero() {
-		return
-	}
-	if left := time.Until(d.at); left > 0 {
-		d.timer.Reset(left)
-		return
-	}
-	if ch := d.wait(); ch != nil && !isClosed(ch) {
-		close(ch)
-	}
-}
-
-// wait returns a channel closed when the deadline passes, or nil (never ready) while no
-// deadline was ever set.
-func (d *deadline) wait() chan struct{} {
-	ch, _ := d.expired.Load().(chan struct{})
-	return ch
 }
 
 func isClosed(ch chan struct{}) bool {

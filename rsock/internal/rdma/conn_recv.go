@@ -24,7 +24,7 @@ func (c *Conn) Read(p []byte) (int, error) {
 	s := spin{c: c, answer: c.awaitsAnswer()}
 	defer s.end()
 	for {
-		if isClosed(c.rdl.wait()) {
+		if c.rdl.passed() {
 			c.consume(0, 0, true)
 			return 0, os.ErrDeadlineExceeded
 		}
@@ -84,7 +84,7 @@ func (c *Conn) WriteTo(w io.Writer) (int64, error) {
 	s := spin{c: c, answer: c.awaitsAnswer()}
 	defer s.end()
 	for {
-		if isClosed(c.rdl.wait()) {
+		if c.rdl.passed() {
 			c.consume(0, 0, true)
 			return total, os.ErrDeadlineExceeded
 		}
@@ -315,7 +315,7 @@ func (c *Conn) spillLocked() {
 // waitReadable waits until something arrives, the read deadline passes, or the Conn
 // closes.
 func (c *Conn) waitReadable() error {
-	dl := c.rdl.wait()
+	dl := c.rdl.parkOn()
 	select {
 	case <-dl:
 		return os.ErrDeadlineExceeded

@@ -66,7 +66,7 @@ func (c *Conn) writeSome(p []byte, r io.Reader) (int, error) {
 	var stall creditStall
 	defer stall.end(c) // outside mu: the hook may call back into c
 	for {
-		if isClosed(c.wdl.wait()) {
+		if c.wdl.passed() {
 			return 0, os.ErrDeadlineExceeded
 		}
 		c.mu.Lock()
@@ -391,7 +391,7 @@ func (c *Conn) awaitRoomLocked(s *spin) error {
 // waitWritable waits until a completion or credit may have made room, the write
 // deadline passes, or the Conn closes.
 func (c *Conn) waitWritable() error {
-	dl := c.wdl.wait()
+	dl := c.wdl.parkOn()
 	select {
 	case <-dl:
 		return os.ErrDeadlineExceeded

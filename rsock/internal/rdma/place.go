@@ -347,7 +347,7 @@ func (c *Conn) readPlacing(p []byte) (int, error) {
 	advertise := p      // the first look that finds nothing may advertise p
 	advertised := false // it did
 	for {
-		if isClosed(c.rdl.wait()) {
+		if c.rdl.passed() {
 			return c.endRead(&s, advertised, os.ErrDeadlineExceeded)
 		}
 		park := s.parking()

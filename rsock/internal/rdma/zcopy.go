@@ -209,7 +209,7 @@ func (c *Conn) postDirect(p []byte, mr verbs.MR, off uint64) (int, error) {
 	defer stall.end(c) // outside mu: the hook may call back into c
 	n := 0
 	for n < len(p) {
-		if isClosed(c.wdl.wait()) {
+		if c.wdl.passed() {
 			return n, os.ErrDeadlineExceeded
 		}
 		c.mu.Lock()
