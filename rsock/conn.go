@@ -57,6 +57,10 @@ type Conn struct {
 	replyTimeout time.Duration
 
 	st connCounters // statistics and tracing (stats.go)
+
+	// listener accepted this connection over RDMA (not shared memory): Close prepares
+	// its spare endpoint (spare.go). nil on a client's.
+	listener *Listener
 }
 
 // newConn returns a Conn whose data path is its bootstrap connection boot.
@@ -261,7 +265,13 @@ func (c *Conn) Close() error {
 			return err
 		}
 	}
-	return c.s.Close()
+	err := c.s.Close()
+	if l := c.listener; l != nil && err == nil {
+		if ip, ok := localIP(c); ok {
+			l.spare.refill(l.ctx, l.cfg, ip) // spare.go: for the Listener's next client
+		}
+	}
+	return err
 }
 
 // closeBeforeReply closes a TCP client connection whose server answer has not been

@@ -123,9 +123,14 @@
 // IPv6 client's /64) and per listener ([Config.MaxRDMAConnsPerRemote] and its
 // siblings). A connection past a limit falls back to its bootstrap transport with a
 // reason matching [ErrResourcesExhausted] that names the limit and its figure, on both
-// sides. Each RDMA connection has a protection domain of its own, so a peer can write
-// only into its own connection's ring: a write aimed at another connection's ring,
-// with its rkey, fails with a remote access error and ends the writer's connection.
+// sides. A Listener also keeps one RDMA endpoint prepared for its next client, made as
+// one of its RDMA connections closes and released after a second unused, when the
+// Listener closes, or by [CloseIdleDevices]: it is charged to the client that takes
+// it, and counts against the process's registered memory
+// ([Config.MaxRegisteredMemory], RLIMIT_MEMLOCK) meanwhile. Each RDMA connection has
+// a protection domain of its own, so a peer can write only into its own connection's
+// ring: a write aimed at another connection's ring, with its rkey, fails with a remote
+// access error and ends the writer's connection.
 //
 // A Listener logs through [Config.Logger]; without one, WARN and above go to
 // [log/slog.Default], so that a server refusing clients that speak no rsock (curl, a

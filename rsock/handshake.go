@@ -59,6 +59,7 @@ var testHookSniffed func(isHello bool)
 func (l *Listener) answer(ctx context.Context, a *acceptState) (*Conn, error) {
 	raw, transport, hr := a.boot, a.transport, &a.hr
 	a.budget = l.budget.forRemote(raw.RemoteAddr())
+	a.spare = &l.spare
 	a.prepareEarly(ctx) // upgrade.go: on a warm device, while the offer is on its way
 	defer a.abortEarly()
 	h, err := hr.read(raw)

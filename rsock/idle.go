@@ -13,8 +13,10 @@ import (
 // device's events. Call CloseIdleDevices to release them at once: at the end of a
 // program's shutdown, or in a test before checking for leaked goroutines, as
 // [net/http.Transport.CloseIdleConnections] does for idle connections. Devices in use are
-// left alone; the next connection opens a device again.
+// left alone; the next connection opens a device again. The endpoint a Listener keeps
+// prepared for its next client is released first, so that it keeps no device open.
 func CloseIdleDevices() error {
+	releaseSpares()
 	if err := rdma.CloseIdle(nil); err != nil {
 		return fmt.Errorf("rsock: close idle devices: %w", err)
 	}

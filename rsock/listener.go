@@ -28,6 +28,7 @@ type Listener struct {
 	quic *fallback.QUICListener // nil without FallbackQUIC
 
 	budget *listenerBudget // RDMA resources its clients hold (limits.go)
+	spare  spareEndpoint   // an endpoint prepared for the next client (spare.go)
 
 	conns  chan *Conn    // handshaken connections, to Accept
 	slots  chan struct{} // one token per connection in its handshake or waiting for Accept
@@ -129,6 +130,7 @@ func (l *Listener) Close() error {
 			l.quic.Close()
 		}
 		l.wg.Wait()
+		l.spare.close()
 		if p, perr := l.cfg.provider(); perr == nil {
 			rdma.Cool(p) // nobody to report a device's closing error to
 		}
@@ -218,6 +220,9 @@ func (l *Listener) serve(raw bootConn, transport string) {
 		}
 	}
 	l.untrack(raw)
+	if err == nil && (c.transport == TransportRDMA || c.transport == TransportRDMATLS) {
+		c.listener = l // its Close prepares the Listener's spare endpoint (spare.go)
+	}
 	if err != nil {
 		if !l.isClosed() {
 			metrics.handshakeFailed(err)

@@ -297,6 +297,9 @@ type acceptState struct {
 	// budget is charged for the endpoint: the Listener's, seen from the client's
 	// address (limits.go).
 	budget rdma.Budget
+	// spare is the Listener's endpoint prepared ahead (spare.go), which prepareEarly
+	// takes if it suits; nil: none.
+	spare *spareEndpoint
 
 	// What prepareEarly made, until acceptRDMA takes it (early then turns false) or
 	// abortEarly releases it.
@@ -336,6 +339,11 @@ func (a *acceptState) prepareEarly(ctx context.Context) {
 		return
 	}
 	a.early = true
+	if a.spare != nil {
+		if a.earlyEP = a.spare.take(ip, a.budget); a.earlyEP != nil { // spare.go
+			return
+		}
+	}
 	a.earlyEP, a.earlyWhy, a.earlyErr = prepareEndpoint(ctx, a.cfg, a.boot, a.budget, nil)
 }
 

@@ -543,13 +543,13 @@ func (ep *Endpoint) ackTimeout() uint8 {
 	return ackTimeout
 }
 
-// charge asks the budget, if any, for qps queue pairs and bytes registered bytes.
+// charge asks the budget, if any, for qps queue pairs and bytes registered bytes. What
+// it grants is recorded even without a budget, for AdoptBudget.
 func (ep *Endpoint) charge(qps, bytes int) error {
-	if ep.opts.Budget == nil {
-		return nil
-	}
-	if err := ep.opts.Budget.Charge(qps, bytes); err != nil {
-		return err
+	if ep.opts.Budget != nil {
+		if err := ep.opts.Budget.Charge(qps, bytes); err != nil {
+			return err
+		}
 	}
 	ep.qpCharge += qps
 	ep.memCharge += bytes
@@ -558,12 +558,31 @@ func (ep *Endpoint) charge(qps, bytes int) error {
 
 // refund returns what charge took.
 func (ep *Endpoint) refund(qps, bytes int) {
-	if ep.opts.Budget == nil {
-		return
-	}
 	ep.qpCharge -= qps
 	ep.memCharge -= bytes
-	ep.opts.Budget.Refund(qps, bytes)
+	if ep.opts.Budget != nil {
+		ep.opts.Budget.Refund(qps, bytes)
+	}
+}
+
+// AdoptBudget charges b for the queue pair and the registered memory the endpoint
+// holds, and makes b the budget of what it charges and refunds from then on, as if it
+// had been prepared with Options.Budget b: for an endpoint prepared ahead, before the
+// client it serves was known (rsock's Listener keeps one). The endpoint must have been
+// prepared without a budget and not be connected yet. A nil b bounds nothing; a refused
+// charge leaves the endpoint as it was.
+func (ep *Endpoint) AdoptBudget(b Budget) error {
+	if ep.opts.Budget != nil {
+		return errors.New("rdma: adopt a budget: the endpoint has one")
+	}
+	if b == nil {
+		return nil
+	}
+	if err := b.Charge(ep.qpCharge, ep.memCharge); err != nil {
+		return err
+	}
+	ep.opts.Budget = b
+	return nil
 }
 
 // closeQP destroys the endpoint's QP, if it still has one. A QP that fails to be

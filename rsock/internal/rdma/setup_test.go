@@ -134,6 +134,65 @@ func TestBudget(t *testing.T) {
 	}
 }
 
+// TestAdoptBudget prepares endpoints without a budget and has them adopt one: the
+// budget is charged for what the endpoint holds (its QP, ring and send buffer), or
+// refuses and holds nothing; an adopted endpoint charges and refunds it as if prepared
+// with it, through its Conn's life.
+func TestAdoptBudget(t *testing.T) {
+	const ring, sendBuf = 16<<10 + mailboxSize, 8 << 10
+	opts := Options{RingSize: 16 << 10, GrowRingTo: -1, SendBufferSize: sendBuf}
+	tests := []struct {
+		name             string
+		maxQPs, maxBytes int
+		wantRefused      bool
+	}{
+		{"room", 1, ring + sendBuf, false},
+		{"no queue pair", 0, ring + sendBuf, true},
+		{"no room for the buffers", 1, ring + sendBuf - 1, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := soft.New(soft.Options{})
+			b := &budget{maxQPs: tt.maxQPs, maxBytes: tt.maxBytes}
+			ep, err := Prepare(f, loopback, opts)
+			require.NoError(t, err)
+			err = ep.AdoptBudget(b)
+			if tt.wantRefused {
+				require.ErrorIs(t, err, errOverBudget)
+				qps, bytes := b.held()
+				require.Zero(t, qps+bytes, "held after a refusal")
+				require.NoError(t, ep.AdoptBudget(&budget{maxQPs: 1, maxBytes: ring + sendBuf}), "a refusal leaves the endpoint free to adopt another")
+				require.NoError(t, ep.Abort())
+				requireReleased(t, f)
+				return
+			}
+			require.NoError(t, err)
+			qps, bytes := b.held()
+			require.Equal(t, 1, qps, "queue pairs adopted")
+			require.Equal(t, ring+sendBuf, bytes, "bytes adopted")
+			require.Error(t, ep.AdoptBudget(b), "a second budget")
+			require.Error(t, ep.AdoptBudget(nil), "a second budget, even none")
+
+			ca, cb := tcpPair(t)
+			peer, err := Prepare(f, loopback, opts)
+			require.NoError(t, err)
+			x, err := ep.Connect(peer.Offer(), ca, 0)
+			require.NoError(t, err)
+			y, err := peer.Connect(ep.Offer(), cb, 0)
+			require.NoError(t, err)
+			startPair(t, x, y)
+			qps, bytes = b.held()
+			require.Equal(t, 1, qps)
+			require.Equal(t, ring+sendBuf, bytes)
+			require.NoError(t, x.Close())
+			require.NoError(t, y.Close())
+			qps, bytes = b.held()
+			require.Zero(t, qps+bytes, "held after Close")
+			requireReleased(t, f)
+		})
+	}
+}
+
 // TestPrepareFailsCleanly fails each step of Prepare on a fake provider in turn: Prepare
 // returns that step's error, with what it was doing, and leaves nothing allocated,
 // admitted or charged to the budget; the next Prepare, with the fault gone, succeeds.

@@ -1,0 +1,164 @@
+package rsock
+
+import (
+	"errors"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/rsockio/rsock/rsock/internal/rdma"
+	"github.com/rsockio/rsock/verbs/soft"
+)
+
+// TestSpareServesNextClient: closing a connection the Listener accepted over RDMA
+// prepares an endpoint for the next client, whose handshake takes it, charged to the
+// client's budget; the Listener's Close releases it.
+func TestSpareServesNextClient(t *testing.T) {
+	fab := soft.New(soft.Options{})
+	scfg, ccfg := rdmaConfigs(t, FallbackTCP, fab)
+	ln := listen(t, scfg)
+
+	c, s := pipe(t, ln, ccfg)
+	require.Equal(t, TransportRDMA, c.Transport(), "%v", c.FallbackReason())
+	require.Zero(t, ln.spare.qps(), "no spare before a connection closed")
+	require.NoError(t, c.Close())
+	require.NoError(t, s.Close())
+	ln.spare.settle()
+	require.Equal(t, 1, ln.spare.qps(), "the server's Close prepared a spare")
+	require.Eventually(t, func() bool { return fab.Stats().QPs == 1 }, 10*time.Second, time.Millisecond,
+		"the spare's is the only QP left: %+v", fab.Stats())
+	total, _, _ := ln.budget.held(netip.Prefix{})
+	require.Zero(t, total.qps, "a spare is charged to nobody while it waits")
+
+	c, s = pipe(t, ln, ccfg)
+	require.Equal(t, TransportRDMA, c.Transport(), "%v", c.FallbackReason())
+	exchangeSizes(t, c, s, 1000, 3)
+	require.Zero(t, ln.spare.qps(), "the handshake took the spare")
+	require.Equal(t, 2, fab.Stats().QPs, "one QP per end: the server's is the spare's, not a new one")
+	key, _ := remoteKey(c.LocalAddr())
+	total, remote, _ := ln.budget.held(key)
+	require.Equal(t, 1, total.qps, "the spare is charged to the Listener once taken")
+	require.Equal(t, total, remote, "and to the client's address %v", key)
+
+	// A client's own Close prepares nothing: only the Listener's connections do.
+	require.NoError(t, c.Close())
+	ln.spare.settle()
+	require.Zero(t, ln.spare.qps(), "a client's Close")
+	require.NoError(t, s.Close())
+	ln.spare.settle()
+	require.Equal(t, 1, ln.spare.qps(), "the server's Close prepared the next spare")
+	require.Eventually(t, func() bool {
+		total, _, _ := ln.budget.held(key)
+		return total.qps == 0
+	}, 10*time.Second, time.Millisecond, "the taken spare refunded as its connection closed")
+
+	require.NoError(t, ln.Close())
+	require.Zero(t, ln.spare.qps(), "Close released the spare")
+	requireReleased(t, fab)
+}
+
+// TestSpareTake: a spare is handed only to a client on the local address it was
+// prepared for, and only if the client's budget takes its charge; one refused is
+// released, charged to nobody.
+func TestSpareTake(t *testing.T) {
+	ip := netip.MustParseAddr("127.0.0.1")
+	tests := []struct {
+		name      string
+		ip        netip.Addr
+		budget    *countingBudget
+		wantTaken bool
+		wantKept  bool // the spare stays for another client
+	}{
+		{name: "same address, no budget", ip: ip, wantTaken: true},
+		{name: "same address, budget grants", ip: ip, budget: &countingBudget{}, wantTaken: true},
+		{name: "same address, budget refuses", ip: ip, budget: &countingBudget{refuse: true}},
+		{name: "another address", ip: netip.MustParseAddr("127.0.0.2"), budget: &countingBudget{}, wantKept: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fab := soft.New(soft.Options{})
+			t.Cleanup(func() { rdma.CloseIdle(fab) })
+			var s spareEndpoint
+			ep, err := rdma.Prepare(fab, ip, rdma.Options{})
+			require.NoError(t, err)
+			s.ep, s.ip, s.idle = ep, ip, time.AfterFunc(time.Hour, func() {})
+			defer s.idle.Stop()
+
+			var budget rdma.Budget
+			if tt.budget != nil {
+				budget = tt.budget
+			}
+			got := s.take(tt.ip, budget)
+			require.Equal(t, tt.wantTaken, got != nil, "taken")
+			require.Equal(t, tt.wantKept, s.qps() == 1, "kept")
+			switch {
+			case got != nil:
+				if tt.budget != nil {
+					require.Equal(t, 1, tt.budget.qps, "the client's budget holds the spare's QP")
+					require.Positive(t, tt.budget.bytes, "and its registered bytes")
+				}
+				require.NoError(t, got.Abort())
+				if tt.budget != nil {
+					require.Zero(t, *tt.budget, "refunded to the client's budget")
+				}
+			case tt.wantKept:
+				s.close()
+			default:
+				require.Zero(t, tt.budget.qps, "a refused charge holds nothing")
+				require.Zero(t, tt.budget.bytes, "a refused charge holds nothing")
+			}
+			require.Zero(t, fab.Stats().QPs, "every QP released")
+		})
+	}
+}
+
+// TestCloseIdleDevicesReleasesSpare: CloseIdleDevices releases a Listener's spare,
+// whose device would otherwise stay open, and the Listener prepares the next one when
+// another of its connections closes.
+func TestCloseIdleDevicesReleasesSpare(t *testing.T) {
+	fab := soft.New(soft.Options{})
+	scfg, ccfg := rdmaConfigs(t, FallbackTCP, fab)
+	ln := listen(t, scfg)
+	for range 2 {
+		c, s := pipe(t, ln, ccfg)
+		require.Equal(t, TransportRDMA, c.Transport(), "%v", c.FallbackReason())
+		require.NoError(t, c.Close())
+		require.NoError(t, s.Close())
+		ln.spare.settle()
+		require.Equal(t, 1, ln.spare.qps(), "the spare")
+		require.NoError(t, CloseIdleDevices())
+		require.Zero(t, ln.spare.qps(), "CloseIdleDevices released the spare")
+		require.Eventually(t, func() bool { return fab.Stats().CQs == 0 }, 10*time.Second, time.Millisecond,
+			"and the device it kept open: %+v", fab.Stats())
+	}
+}
+
+// countingBudget is an rdma.Budget that counts what it holds and refuses every charge
+// while refuse is set.
+type countingBudget struct {
+	refuse     bool
+	qps, bytes int
+}
+
+func (b *countingBudget) Charge(qps, bytes int) error {
+	if b.refuse {
+		return errors.New("refused")
+	}
+	b.qps += qps
+	b.bytes += bytes
+	return nil
+}
+
+func (b *countingBudget) Refund(qps, bytes int) {
+	b.qps -= qps
+	b.bytes -= bytes
+}
+
+// settle waits for a refill under way to end.
+func (s *spareEndpoint) settle() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.waitFill()
+}
