@@ -38,11 +38,11 @@ import (
 // socket's handle and the peek's callback), and 57 once that peek took the handle the
 // handshake's polling Reads had made (bootspin.go) and both took their callbacks from
 // pools, 53 once the control reader kept the keepalive periods with its Read's
-// deadline instead of a timer of each Conn's own, and 54 once a Read's deadline armed
-// its timer only to park (one fewer) and the Listener prepared its next client's
-// endpoint ahead (spare.go: the goroutine that prepares it, two). The bound leaves a little room for
-// the background work (the control channel) that a run may or may not catch. Half of
-// the bound, 28, is one end's share: what one dial may cost (#15's target is 30).
+// deadline instead of a timer of each Conn's own, and 54 once the Listener prepared its
+// next client's endpoint ahead (spare.go: the goroutine that prepares it). The bound
+// leaves a little room for the background work (the control channel) that a run may or
+// may not catch. Half of the bound, 28, is one end's share: what one dial may cost
+// (#15's target is 30).
 const maxSetupAllocs = 56
 
 // TestSetupAllocs dials, accepts and closes RDMA connections one after the other on a
