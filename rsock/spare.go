@@ -44,6 +44,7 @@ type spareEndpoint struct {
 	filled  *sync.Cond  // on mu: broadcast as a refill ends; made with the first
 	closed  bool        // the Listener closed: no more spares
 	idle    *time.Timer // releases ep after spareIdle; made with the first spare, when s joins spares
+	until   time.Time   // when idle releases ep
 }
 
 // spares are the Listeners' spares that ever held an endpoint and whose Listener is
@@ -60,7 +61,7 @@ func releaseSpares() {
 	for s := range spares.set {
 		all = append(all, s)
 	}
-	spares.Unlock() // refill takes it under a spare's mu: expire takes that mu
+	spares.Unlock() // fill takes it under a spare's mu, which release takes
 	for _, s := range all {
 		s.release()
 	}
@@ -124,7 +125,7 @@ func (s *spareEndpoint) fill(ctx context.Context, cfg *Config, ip netip.Addr) {
 		ep.Abort()
 		return
 	}
-	s.ep, s.ip = ep, ip
+	s.ep, s.ip, s.until = ep, ip, time.Now().Add(spareIdle)
 	if s.idle == nil {
 		s.idle = time.AfterFunc(spareIdle, s.expire)
 		spares.Lock()
@@ -164,11 +165,15 @@ func prepareSpare(ctx context.Context, cfg *Config, ip netip.Addr) *rdma.Endpoin
 }
 
 // expire releases a spare that waited spareIdle for a client: the idle timer's callback.
-// A spare taken or replaced since is left alone (its timer was stopped or reset; a
-// callback already under way finds the new spare's wait not yet over).
+// A spare made since the timer was set is left alone: a callback already under way when
+// fill reset the timer finds the new spare's wait not over.
 func (s *spareEndpoint) expire() {
 	s.mu.Lock()
 	ep := s.ep
+	if ep == nil || time.Now().Before(s.until) {
+		s.mu.Unlock()
+		return
+	}
 	s.ep = nil
 	s.mu.Unlock()
 	if ep != nil {

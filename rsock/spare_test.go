@@ -114,6 +114,24 @@ func TestSpareTake(t *testing.T) {
 	}
 }
 
+// TestSpareExpire: the idle timer's callback releases a spare whose wait is over, and
+// leaves one made since (a callback under way as fill reset the timer).
+func TestSpareExpire(t *testing.T) {
+	fab := soft.New(soft.Options{})
+	t.Cleanup(func() { rdma.CloseIdle(fab) })
+	ep, err := rdma.Prepare(fab, netip.MustParseAddr("127.0.0.1"), rdma.Options{})
+	require.NoError(t, err)
+	var s spareEndpoint
+	s.ep, s.until = ep, time.Now().Add(time.Hour)
+	s.expire()
+	require.Equal(t, 1, s.qps(), "a spare whose wait is not over stays")
+	s.until = time.Now()
+	s.expire()
+	require.Zero(t, s.qps(), "one whose wait is over is released")
+	require.Zero(t, fab.Stats().QPs, "with its QP")
+	s.expire() // nothing left: nothing happens
+}
+
 // TestCloseIdleDevicesReleasesSpare: CloseIdleDevices releases a Listener's spare,
 // whose device would otherwise stay open, and the Listener prepares the next one when
 // another of its connections closes.

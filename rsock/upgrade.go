@@ -317,15 +317,16 @@ type acceptState struct {
 	hctx handshakeCtx
 }
 
-// prepareEarly prepares this side's endpoint before the client's offer is read, when
-// the device is warm (rdma.Warm: no listing, no opening, only the connection's own
-// verbs calls), so that the preparation overlaps the client's own and the offer's
-// journey instead of following them. An endpoint prepared for a client that then
-// offers no RDMA is released by abortEarly; meanwhile it is charged to the client's
-// budget as any endpoint is, for no longer than the handshake. On a cold device, or
-// where this side could not offer RDMA anyway, nothing is prepared ahead: a Listener
-// whose clients never upgrade keeps its device cold and never pays for it. Nor for a
-// client on this host, which may offer shared memory instead (sameHostProvider).
+// prepareEarly prepares this side's endpoint before the client's offer is read, or
+// takes the Listener's spare (spare.go), when the device is warm (rdma.Warm: no
+// listing, no opening, only the connection's own verbs calls), so that the preparation
+// overlaps the client's own and the offer's journey instead of following them. An
+// endpoint prepared for a client that then offers no RDMA is released by abortEarly;
+// meanwhile it is charged to the client's budget as any endpoint is, for no longer
+// than the handshake. On a cold device, or where this side could not offer RDMA
+// anyway, nothing is prepared ahead: a Listener whose clients never upgrade keeps its
+// device cold and never pays for it. Nor for a client on this host, which may offer
+// shared memory instead (sameHostProvider).
 func (a *acceptState) prepareEarly(ctx context.Context) {
 	if a.cfg.sameHostProvider(a.boot) != nil {
 		return
