@@ -2,7 +2,10 @@ package rsock
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
+	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -151,6 +154,67 @@ func TestCloseIdleDevicesReleasesSpare(t *testing.T) {
 		require.Eventually(t, func() bool { return fab.Stats().CQs == 0 }, 10*time.Second, time.Millisecond,
 			"and the device it kept open: %+v", fab.Stats())
 	}
+}
+
+// TestSpareUnderChurn dials, accepts and closes connections from several goroutines at
+// once while CloseIdleDevices runs, then closes the Listener: every connection
+// upgrades, and the spares taken, made, expired and released leave nothing behind
+// (run with -race).
+func TestSpareUnderChurn(t *testing.T) {
+	fab := soft.New(soft.Options{})
+	scfg, ccfg := rdmaConfigs(t, FallbackTCP, fab)
+	ln := listen(t, scfg)
+	const dialers, each = 4, 25
+	var wg sync.WaitGroup
+	errs := make(chan error, dialers*each)
+	for range dialers {
+		wg.Go(func() {
+			for range each {
+				c, err := Dial("tcp", ln.Addr().String(), ccfg)
+				if err != nil {
+					errs <- err
+					return
+				}
+				s, err := ln.AcceptRsock() // another dialer's, maybe: all are closed alike
+				if err != nil {
+					c.Close()
+					errs <- err
+					return
+				}
+				if c.Transport() != TransportRDMA {
+					errs <- fmt.Errorf("not upgraded: %v", c.FallbackReason())
+				}
+				c.Close()
+				s.Close()
+			}
+		})
+	}
+	done := make(chan struct{})
+	var idle sync.WaitGroup
+	idle.Go(func() {
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			if err := CloseIdleDevices(); err != nil {
+				errs <- err
+				return
+			}
+			runtime.Gosched()
+		}
+	})
+	wg.Wait()
+	close(done)
+	idle.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.NoError(t, ln.Close())
+	require.Zero(t, ln.spare.qps(), "no spare after Close")
+	requireReleased(t, fab)
 }
 
 // countingBudget is an rdma.Budget that counts what it holds and refuses every charge
