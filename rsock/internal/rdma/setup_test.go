@@ -112,26 +112,34 @@ func TestBudget(t *testing.T) {
 			require.Zero(t, qps+bytes, "held after Abort")
 
 			// Through a connection's life: charged until Close.
-			ca, cb := tcpPair(t)
 			ea, err := Prepare(f, loopback, opts)
 			require.NoError(t, err)
-			eb, err := Prepare(f, loopback, Options{RingSize: 16 << 10, GrowRingTo: -1, SendBufferSize: sendBuf})
-			require.NoError(t, err)
-			x, err := ea.Connect(eb.Offer(), ca, 0)
-			require.NoError(t, err)
-			y, err := eb.Connect(ea.Offer(), cb, 0)
-			require.NoError(t, err)
-			startPair(t, x, y)
-			qps, bytes = b.held()
-			require.Equal(t, 1, qps)
-			require.Equal(t, ring+sendBuf, bytes)
-			require.NoError(t, x.Close())
-			require.NoError(t, y.Close())
-			qps, bytes = b.held()
-			require.Zero(t, qps+bytes, "held after Close")
-			requireReleased(t, f)
+			requireHeldUntilClose(t, f, b, ea, Options{RingSize: 16 << 10, GrowRingTo: -1, SendBufferSize: sendBuf}, ring+sendBuf)
 		})
 	}
+}
+
+// requireHeldUntilClose connects ep to an endpoint prepared with peerOpts and checks
+// that b holds ep's queue pair and bytes registered bytes while they are connected,
+// and nothing once both Conns are closed.
+func requireHeldUntilClose(t *testing.T, f *soft.Fabric, b *budget, ep *Endpoint, peerOpts Options, bytes int) {
+	t.Helper()
+	ca, cb := tcpPair(t)
+	peer, err := Prepare(f, loopback, peerOpts)
+	require.NoError(t, err)
+	x, err := ep.Connect(peer.Offer(), ca, 0)
+	require.NoError(t, err)
+	y, err := peer.Connect(ep.Offer(), cb, 0)
+	require.NoError(t, err)
+	startPair(t, x, y)
+	qps, held := b.held()
+	require.Equal(t, 1, qps, "queue pairs held while connected")
+	require.Equal(t, bytes, held, "bytes held while connected")
+	require.NoError(t, x.Close())
+	require.NoError(t, y.Close())
+	qps, held = b.held()
+	require.Zero(t, qps+held, "held after Close")
+	requireReleased(t, f)
 }
 
 // TestAdoptBudget prepares endpoints without a budget and has them adopt one: the
@@ -172,23 +180,7 @@ func TestAdoptBudget(t *testing.T) {
 			require.Equal(t, ring+sendBuf, bytes, "bytes adopted")
 			require.Error(t, ep.AdoptBudget(b), "a second budget")
 			require.Error(t, ep.AdoptBudget(nil), "a second budget, even none")
-
-			ca, cb := tcpPair(t)
-			peer, err := Prepare(f, loopback, opts)
-			require.NoError(t, err)
-			x, err := ep.Connect(peer.Offer(), ca, 0)
-			require.NoError(t, err)
-			y, err := peer.Connect(ep.Offer(), cb, 0)
-			require.NoError(t, err)
-			startPair(t, x, y)
-			qps, bytes = b.held()
-			require.Equal(t, 1, qps)
-			require.Equal(t, ring+sendBuf, bytes)
-			require.NoError(t, x.Close())
-			require.NoError(t, y.Close())
-			qps, bytes = b.held()
-			require.Zero(t, qps+bytes, "held after Close")
-			requireReleased(t, f)
+			requireHeldUntilClose(t, f, b, ep, opts, ring+sendBuf)
 		})
 	}
 }
