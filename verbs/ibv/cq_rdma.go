@@ -119,6 +119,9 @@ func (ch *compChannel) Wait(ctx context.Context) (verbs.CQ, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	if testHookWaitStarts != nil {
+		testHookWaitStarts(ch)
+	}
 	if err := ch.f.SetReadDeadline(noDeadline); err != nil {
 		return nil, fmt.Errorf("ibv: wait for completion event: %w", err)
 	}
@@ -127,6 +130,13 @@ func (ch *compChannel) Wait(ctx context.Context) (verbs.CQ, error) {
 			ch.stopWatch()
 		}
 		ch.watchDone, ch.stopWatch = done, context.AfterFunc(ctx, ch.interruptFn)
+	}
+	// A cancellation of a watched context whose interrupt ran between the look above
+	// and the clearing of the deadline was erased by it, and the read below would park
+	// for good (a poller's detach waited for it forever, once, in CI): look again, now
+	// that an interrupt can only come after the clearing.
+	if err := ctx.Err(); err != nil {
+		return nil, err
 	}
 	for {
 		ch.evCQ, ch.evErr = nil, nil
@@ -182,6 +192,10 @@ func (ch *compChannel) readEvent(uintptr) bool {
 }
 
 func (ch *compChannel) interrupt() { ch.f.SetReadDeadline(aLongTimeAgo) }
+
+// testHookWaitStarts, when a test sets it, runs in Wait after its first look at the
+// context, before the deadline is cleared.
+var testHookWaitStarts func(ch *compChannel)
 
 func (ch *compChannel) attach() error {
 	ch.mu.Lock()

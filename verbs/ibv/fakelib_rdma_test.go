@@ -573,6 +573,43 @@ func fakeDevice(t *testing.T) {
 		}
 	})
 
+	t.Run("wait: cancelled as it starts", func(t *testing.T) {
+		r := newFakeRig(t, verbs.QPCaps{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1})
+		defer r.close(t)
+		ch := r.ch.(*compChannel)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		// A first Wait with ctx, ended by an event: ctx's cancellation is watched from
+		// then on, as a poller's is across its Waits.
+		require.NoError(t, r.b.PostRecv([]verbs.RecvWR{{ID: 1}}))
+		require.NoError(t, r.cqB.ReqNotify(false))
+		require.NoError(t, r.a.PostSend([]verbs.SendWR{{Opcode: verbs.OpRDMAWriteWithImm,
+			RemoteAddr: r.mrB.Addr(), RKey: r.mrB.RKey()}}))
+		got, err := r.ch.Wait(ctx)
+		require.NoError(t, err)
+		require.Same(t, r.cqB, got)
+		pollOne(t, r.cqB)
+
+		// The next Wait is cancelled just after its first look at ctx, and the watch's
+		// interrupt runs before Wait clears the deadline (the watch itself is taken
+		// off, so that only this interrupt can end the Wait).
+		testHookWaitStarts = func(ch *compChannel) {
+			ch.stopWatch()
+			cancel()
+			ch.interrupt()
+		}
+		defer func() { testHookWaitStarts = nil }()
+		done := make(chan error, 1)
+		go func() { _, err := r.ch.Wait(ctx); done <- err }()
+		select {
+		case err := <-done:
+			require.ErrorIs(t, err, context.Canceled)
+		case <-time.After(10 * time.Second):
+			ch.interrupt() // let the Wait go, for the rig's close
+			t.Fatal("a Wait cancelled as it started never returned")
+		}
+	})
+
 	t.Run("wait: cancel, close", func(t *testing.T) {
 		r := newFakeRig(t, verbs.QPCaps{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1})
 		defer r.close(t)
