@@ -136,16 +136,6 @@ func (s *spareEndpoint) fill(ctx context.Context, cfg *Config, ip netip.Addr) {
 	}
 }
 
-// qps is the queue pairs the spare holds: 1 or 0.
-func (s *spareEndpoint) qps() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.ep == nil {
-		return 0
-	}
-	return 1
-}
-
 // prepareSpare prepares an endpoint for local address ip on a warm device, without a
 // budget (the client that takes it adopts one), or returns nil.
 func prepareSpare(ctx context.Context, cfg *Config, ip netip.Addr) *rdma.Endpoint {

@@ -244,3 +244,13 @@ func (s *spareEndpoint) settle() {
 	defer s.mu.Unlock()
 	s.waitFill()
 }
+
+// qps is the queue pairs the spare holds: 1 or 0.
+func (s *spareEndpoint) qps() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ep == nil {
+		return 0
+	}
+	return 1
+}
