@@ -46,13 +46,25 @@ type deadline struct {
 	epoch time.Time
 
 	expired atomic.Value // chan struct{}, once set made one
+	// fired is set, under mu, when the channel in force is closed, and cleared when
+	// renew replaces it: passed, which a spinning Read or Write calls on every look,
+	// reads it with one atomic load rather than a non-blocking receive on the channel
+	// (3% of a 64-byte round trip's CPU on soft, once a deadline had been set).
+	fired atomic.Bool
 }
 
 // renew installs a fresh, open channel. Called with mu held (or before use).
 func (d *deadline) renew() chan struct{} {
 	ch := make(chan struct{})
 	d.expired.Store(ch)
+	d.fired.Store(false)
 	return ch
+}
+
+// fireLocked closes the channel in force, ch, which is open. Called with mu held.
+func (d *deadline) fireLocked(ch chan struct{}) {
+	close(ch)
+	d.fired.Store(true)
 }
 
 // set moves the deadline to t; the zero time means none. It reports whether waits
@@ -70,7 +82,7 @@ func (d *deadline) set(t time.Time) (wake bool) {
 	d.at = time.Time{}
 	d.due.Store(0)
 	ch := d.wait()
-	closed := isClosed(ch)
+	closed := d.fired.Load()
 	if t.IsZero() {
 		if closed {
 			d.renew()
@@ -94,7 +106,7 @@ func (d *deadline) set(t time.Time) (wake bool) {
 		return true
 	}
 	if !closed {
-		close(ch)
+		d.fireLocked(ch)
 	}
 	return made
 }
@@ -102,7 +114,7 @@ func (d *deadline) set(t time.Time) (wake bool) {
 // passed reports whether the deadline in force has passed, closing its channel if no
 // timer did. A wait calls it each time it looks for its bytes or room.
 func (d *deadline) passed() bool {
-	if isClosed(d.wait()) {
+	if d.fired.Load() {
 		return true
 	}
 	due := d.due.Load()
@@ -115,14 +127,14 @@ func (d *deadline) expire() bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	ch := d.wait()
-	if ch == nil || isClosed(ch) {
+	if ch == nil || d.fired.Load() {
 		return ch != nil
 	}
 	if d.at.IsZero() || time.Now().Before(d.at) {
 		return false
 	}
 	d.due.Store(0)
-	close(ch)
+	d.fireLocked(ch)
 	return true
 }
 
@@ -146,8 +158,8 @@ func (d *deadline) arm() {
 	d.due.Store(0)
 	left := time.Until(d.at)
 	if left <= 0 {
-		if ch := d.wait(); !isClosed(ch) {
-			close(ch)
+		if !d.fired.Load() {
+			d.fireLocked(d.wait())
 		}
 		return
 	}
@@ -172,8 +184,8 @@ func (d *deadline) fire() {
 		d.timer.Reset(left)
 		return
 	}
-	if ch := d.wait(); ch != nil && !isClosed(ch) {
-		close(ch)
+	if ch := d.wait(); ch != nil && !d.fired.Load() {
+		d.fireLocked(ch)
 	}
 }
 
