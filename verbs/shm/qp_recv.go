@@ -73,6 +73,14 @@ func (q *QP) respond(src requester, m *msg) msg {
 		}
 		return drop
 	}
+	return q.executeLocked(src, m)
+}
+
+// executeLocked executes request m, in sequence and from the QP's peer src, and
+// returns its response. Called with rq.mu held. (respond and executeLocked are two
+// functions so that each has one defer, open-coded: in one, the compiler put both on
+// the stack, two runtime calls for every request.)
+func (q *QP) executeLocked(src requester, m *msg) msg {
 	q.dev.mrMu.RLock()
 	defer q.dev.mrMu.RUnlock()
 	n := m.length
