@@ -36,15 +36,15 @@ func (e *Endpoint) OnArrival(byteLen, imm uint32) (Arrival, error) {
 	if e.err != nil {
 		return Arrival{}, e.err
 	}
-	m, err := DecodeImm(imm, byteLen)
-	if err != nil {
-		return e.fail(err)
+	kind, wqes, ring, ringLog2, op, units, ok := decodeImm(imm, byteLen)
+	if !ok {
+		return e.fail(malformedImm(imm, byteLen))
 	}
 	if e.owedWQEs() >= e.wqes {
 		return e.fail(fmt.Errorf("%w: message %d with %d WQEs granted", ErrWQEOverrun, e.reaped+1, e.wqes-e.grown+e.wqeReturned))
 	}
 	n := uint64(byteLen)
-	switch m.Kind {
+	switch kind {
 	case KindData:
 		if e.peerFIN {
 			return e.fail(fmt.Errorf("%w: %d bytes of data", ErrAfterFIN, n))
@@ -57,7 +57,7 @@ func (e *Endpoint) OnArrival(byteLen, imm uint32) (Arrival, error) {
 			return e.fail(fmt.Errorf("%w: second FIN", ErrAfterFIN))
 		}
 	case KindResize:
-		size := uint64(1) << m.RingLog2
+		size := uint64(1) << ringLog2
 		switch {
 		case e.switchDue:
 			return e.fail(fmt.Errorf("%w: a second resize before the switch", ErrBadResize))
@@ -69,18 +69,18 @@ func (e *Endpoint) OnArrival(byteLen, imm uint32) (Arrival, error) {
 			return e.fail(fmt.Errorf("%w: switch without a resize", ErrBadResize))
 		}
 	case KindPlace:
-		if err := e.onPlace(m, n); err != nil {
+		if err := e.onPlace(Imm{Kind: kind, Op: op, PlaceUnits: units}, n); err != nil {
 			return e.fail(err)
 		}
 	}
-	w, added := uint64(m.WQECredits), uint64(0)
+	w, added := uint64(wqes), uint64(0)
 	if used := e.sent - (e.wqeLimit - e.peerWQEs); w > used {
 		// Credit beyond the messages sent is WQEs the peer added (GrowWQEs).
 		if added = w - used; e.peerWQEs+added > e.peerMaxWQEs {
 			return e.fail(fmt.Errorf("%w: %d WQE credits returned, %d outstanding and %d more WQEs allowed", ErrCreditOverflow, w, used, e.peerMaxWQEs-e.peerWQEs))
 		}
 	}
-	r := uint64(m.RingCredits) << e.peerUnitShift
+	r := uint64(ring) << e.peerUnitShift
 	if used := e.prod - e.granted; r > used {
 		return e.fail(fmt.Errorf("%w: %d ring bytes returned, %d outstanding", ErrCreditOverflow, r, used))
 	}
@@ -89,8 +89,8 @@ func (e *Endpoint) OnArrival(byteLen, imm uint32) (Arrival, error) {
 	e.peerWQEs += added
 	e.wqeLimit += w
 	e.granted += r
-	a := Arrival{Kind: m.Kind, Credited: w != 0 || r != 0}
-	switch m.Kind {
+	a := Arrival{Kind: kind, Credited: w != 0 || r != 0}
+	switch kind {
 	case KindData:
 		a.Piece = Piece{Off: int((e.arrived - e.ringBase) & (e.ring - 1)), Len: int(n)}
 		e.arrived += n
@@ -105,10 +105,10 @@ func (e *Endpoint) OnArrival(byteLen, imm uint32) (Arrival, error) {
 		// The FIN answers an advertisement: nothing follows it.
 		e.advertTo, e.advert, e.cancelDue = 0, 0, false
 	case KindPlace:
-		e.placeArrived(m, n, &a)
+		e.placeArrived(Imm{Kind: kind, Op: op, PlaceUnits: units}, n, &a)
 		return a, nil
 	case KindResize:
-		e.switchDue, e.switchTo = true, uint64(1)<<m.RingLog2
+		e.switchDue, e.switchTo = true, uint64(1)<<ringLog2
 	case KindSwitch:
 		if !e.pol.resizeEarly {
 			e.switchRing()

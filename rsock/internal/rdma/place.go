@@ -356,7 +356,8 @@ func (c *Conn) readPlacing(p []byte) (int, error) {
 			continue
 		}
 		seen := c.readChanges.Load()
-		v, err := c.unread(park, advertise, advertised)
+		var v unreadView
+		err := c.unread(&v, park, advertise, advertised)
 		advertise = nil
 		if v.advertised {
 			advertised = true
@@ -381,7 +382,7 @@ func (c *Conn) readPlacing(p []byte) (int, error) {
 		}
 		// Data arrived since an advertisement of p, if any: the peer no longer
 		// places into p.
-		n, m := c.copyUnread(p, v)
+		n, m := c.copyUnread(p, &v)
 		if advertised {
 			s.end()
 			c.readPlaced()
