@@ -12,7 +12,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rsockio/rsock/benchmarks/internal/report"
+	"github.com/rsockio/rsock/internal/harness"
 )
+
+// TestMain fails the package's tests if a goroutine outlives them, once rsock's idle
+// devices are closed.
+func TestMain(m *testing.M) { harness.VerifyTestMain(m) }
 
 func TestParseSize(t *testing.T) {
 	tests := []struct {
