@@ -246,7 +246,7 @@ type Config struct {
 	MaxRegisteredMemory int64
 	// NoDirectPlacement keeps the peer out of this side's Read buffers. By default, on
 	// a provider that registers the application's memory without pinning it (verbs/soft,
-	// whose peers are goroutines of this process), a Read of at least 64 KiB that finds
+	// whose peers are goroutines of this process), a Read of at least 128 KiB that finds
 	// nothing buffered lets the peer write the next bytes of the stream straight into
 	// its buffer, saving the copy out of the receive ring, when both sides allow it. The
 	// buffer is registered for the connection's queue pair and stays registered for

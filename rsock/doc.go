@@ -180,7 +180,7 @@
 // The peer cannot read this side's memory (no remote read access is granted) and
 // cannot write anywhere but the ring. On verbs/soft, whose peers are goroutines of this
 // process, there is one exception, direct placement ([Config.NoDirectPlacement] turns
-// it off): a Read of at least 64 KiB that finds nothing buffered lets the peer write
+// it off): a Read of at least 128 KiB that finds nothing buffered lets the peer write
 // the next bytes of the stream straight into its buffer, and that buffer stays
 // registered for reuse. On rdma-core (verbs/ibv) and the same-host transport, rsock
 // never offers it.

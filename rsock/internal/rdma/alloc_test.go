@@ -6,6 +6,8 @@ import (
 	"net"
 	"testing"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/rsockio/rsock/internal/allocguard"
 	"github.com/rsockio/rsock/verbs"
 	"github.com/rsockio/rsock/verbs/auto"
@@ -53,4 +55,25 @@ func TestSteadyStateAllocs(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPlacedSteadyStateAllocs is TestSteadyStateAllocs with Reads large enough to be
+// placed into (placeMinRead, place.go), on soft, where placement is offered: the
+// advertisement, the placed write and the Read's return of it allocate nothing either.
+func TestPlacedSteadyStateAllocs(t *testing.T) {
+	f := soft.New(soft.Options{})
+	var readers []*Conn
+	pair := func(t *testing.T) (net.Conn, net.Conn) {
+		a, b := connPair(t, f, Options{})
+		readers = append(readers, a, b)
+		return a, b
+	}
+
+	allocguard.SteadyState(t, placeMinRead, pair)
+	var placed uint64
+	for _, c := range readers {
+		placed += c.Stats().Placements
+	}
+	require.NotZero(t, placed, "Reads placed into")
+	requireReleased(t, f)
 }

@@ -45,6 +45,51 @@ func benchStream(b *testing.B, size int, opts Options) {
 	r.Close()
 }
 
+// BenchmarkStreamRead is BenchmarkStream with a reader that Reads into a buffer of
+// the Write's size, as most applications do, rather than WriteTo: "placed" lets the
+// writer place into the Read's buffer where it may (place.go), "ring" copies every
+// byte through the ring (Options.NoPlacement). placed/msg is the share of messages
+// placed. Where the two cross is placeMinRead.
+func BenchmarkStreamRead(b *testing.B) {
+	for _, size := range []int{64 << 10, 128 << 10, 1 << 20} {
+		for _, o := range []struct {
+			name string
+			opts Options
+		}{{"placed", Options{}}, {"ring", Options{NoPlacement: true}}} {
+			b.Run(fmt.Sprintf("%dKiB/%s", size>>10, o.name), func(b *testing.B) { benchStreamRead(b, size, o.opts) })
+		}
+	}
+}
+
+func benchStreamRead(b *testing.B, size int, opts Options) {
+	f := soft.New(soft.Options{})
+	w, r := connPair(b, f, opts)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, size)
+		for {
+			if _, err := r.Read(buf); err != nil {
+				return
+			}
+		}
+	}()
+	buf := make([]byte, size)
+	b.SetBytes(int64(size))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := w.Write(buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+	w.CloseWrite()
+	<-done
+	st := r.Stats()
+	b.ReportMetric(float64(st.Placements)/float64(max(st.MessagesReceived, 1)), "placed/msg")
+	w.Close()
+	r.Close()
+}
+
 // BenchmarkPingPong64B measures a 64-byte round trip.
 func BenchmarkPingPong64B(b *testing.B) {
 	f := soft.New(soft.Options{})

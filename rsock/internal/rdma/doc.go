@@ -224,7 +224,7 @@
 //
 // # Direct placement
 //
-// A Read of 64 KiB or more that finds nothing buffered advertises its buffer to the
+// A Read of 128 KiB or more that finds nothing buffered advertises its buffer to the
 // peer (flowctl's "Direct placement"), and a Write that finds the advertisement usable
 // writes into it, from its own buffer when direct, else from staging: the Read returns
 // the bytes without copying them out of the ring. Both sides must say so in the hello

@@ -50,8 +50,18 @@ import (
 // not set). An advertisement costs two small messages, so a Read advertises only from
 // placeMinRead bytes, and after its advertisements are declined it lets more and more
 // eligible Reads pass without one (placement.skip).
+//
+// Placement also makes the two ends take turns: the Write waits for the Read's
+// advertisement and the Read for the Write's placement, where through the ring the
+// writer's copy of the next bytes overlaps the reader's copy of the last. The copy it
+// saves must outweigh those two hand-offs per Read. On soft it does from 128 KiB Reads
+// on, not at 64 KiB (BenchmarkStream's Read cases, 2026-11-30: a 64 KiB stream read
+// into 64 KiB buffers ran at 12.5-16.4 GB/s placed against 14.5-22.2 through the ring
+// over six alternated runs, a 128 KiB one at 15.5-23.5 against 17.4-22.6; rsockperf's
+// 64 KiB stream, twelve alternated rounds: 0.50x SoftVerbs placed against 0.57x through
+// the ring, medians).
 const (
-	placeMinRead   = 64 << 10
+	placeMinRead   = 128 << 10
 	placeCacheSize = 2
 	// placeCancelTimeout bounds the wait for the answer to a cancel, which a live peer
 	// sends within a round trip: a peer that does not answer fails the connection.
