@@ -31,6 +31,15 @@ func benchStream(b *testing.B, size int, opts Options) {
 		io.Copy(io.Discard, r)
 		close(done)
 	}()
+	benchWrites(b, w, size)
+	w.CloseWrite()
+	<-done
+	w.Close()
+	r.Close()
+}
+
+// benchWrites times size-byte Writes on w, b.N of them.
+func benchWrites(b *testing.B, w *Conn, size int) {
 	buf := make([]byte, size)
 	b.SetBytes(int64(size))
 	b.ReportAllocs()
@@ -39,10 +48,6 @@ func benchStream(b *testing.B, size int, opts Options) {
 			b.Fatal(err)
 		}
 	}
-	w.CloseWrite()
-	<-done
-	w.Close()
-	r.Close()
 }
 
 // BenchmarkStreamRead is BenchmarkStream with a reader that Reads into a buffer of
@@ -74,14 +79,7 @@ func benchStreamRead(b *testing.B, size int, opts Options) {
 			}
 		}
 	}()
-	buf := make([]byte, size)
-	b.SetBytes(int64(size))
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, err := w.Write(buf); err != nil {
-			b.Fatal(err)
-		}
-	}
+	benchWrites(b, w, size)
 	w.CloseWrite()
 	<-done
 	st := r.Stats()

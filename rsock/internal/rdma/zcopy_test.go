@@ -535,14 +535,7 @@ func BenchmarkWriteDirect(b *testing.B) {
 				w, r := connPair(b, f, Options{})
 				w.direct.minLen = mode.min
 				done := drainReads(r, size)
-				buf := make([]byte, size)
-				b.SetBytes(int64(size))
-				b.ReportAllocs()
-				for b.Loop() {
-					if _, err := w.Write(buf); err != nil {
-						b.Fatal(err)
-					}
-				}
+				benchWrites(b, w, size) // bench_test.go
 				w.Close()
 				<-done
 				r.Close()
