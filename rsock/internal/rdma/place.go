@@ -55,11 +55,11 @@ import (
 // advertisement and the Read for the Write's placement, where through the ring the
 // writer's copy of the next bytes overlaps the reader's copy of the last. The copy it
 // saves must outweigh those two hand-offs per Read. On soft it does from 128 KiB Reads
-// on, not at 64 KiB (BenchmarkStream's Read cases, 2026-11-30: a 64 KiB stream read
-// into 64 KiB buffers ran at 12.5-16.4 GB/s placed against 14.5-22.2 through the ring
-// over six alternated runs, a 128 KiB one at 15.5-23.5 against 17.4-22.6; rsockperf's
-// 64 KiB stream, twelve alternated rounds: 0.50x SoftVerbs placed against 0.57x through
-// the ring, medians).
+// on, not at 64 KiB (BenchmarkStreamRead, four runs, 2026-11-30: 64 KiB Reads placed
+// into ran at 10.6-13.6 GB/s, through the ring at 13.0-23.1; 128 KiB ones at 14.7-25.9
+// and 16.6-26.7; 1 MiB ones at 21.2-39.7 and 9.1-11.8. rsockperf's 64 KiB stream,
+// twelve alternated rounds: 0.50x SoftVerbs placed against 0.57x through the ring,
+// medians).
 const (
 	placeMinRead   = 128 << 10
 	placeCacheSize = 2
