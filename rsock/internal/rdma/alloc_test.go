@@ -11,6 +11,7 @@ import (
 	"github.com/rsockio/rsock/internal/allocguard"
 	"github.com/rsockio/rsock/verbs"
 	"github.com/rsockio/rsock/verbs/auto"
+	"github.com/rsockio/rsock/verbs/shm"
 	"github.com/rsockio/rsock/verbs/soft"
 )
 
@@ -23,25 +24,32 @@ type allocProvider struct {
 	f    *soft.Fabric // for the release check, or nil
 }
 
-// withDefaultProvider is first and, where this build has one and the machine a device
-// (built with -tags rdma, in the Soft-RoCE VM), the default provider after it.
-func withDefaultProvider(t *testing.T, first allocProvider) []allocProvider {
+// withDefaultProvider is the providers given and, where this build has one and the
+// machine a device (built with -tags rdma, in the Soft-RoCE VM), the default provider
+// after them.
+func withDefaultProvider(t *testing.T, given ...allocProvider) []allocProvider {
 	p, err := auto.Default()
 	if err != nil {
-		t.Logf("no default provider here, %s only: %v", first.name, err)
-		return []allocProvider{first}
+		t.Logf("no default provider here, %d given only: %v", len(given), err)
+		return given
 	}
-	return []allocProvider{first, {"default-" + p.Name(), p, nil}}
+	return append(given, allocProvider{"default-" + p.Name(), p, nil})
 }
 
 // TestSteadyStateAllocs checks that steady-state Write and Read allocate nothing, on
-// soft and, where this build has one and the machine a device (built with -tags rdma,
-// in the Soft-RoCE VM), on the default provider: a completion wait that allocated
-// showed only there. testing.AllocsPerRun counts every goroutine's allocations, so
-// the pollers and the peer's goroutine are included.
+// soft, on shm and, where this build has one and the machine a device (built with
+// -tags rdma, in the Soft-RoCE VM), on the default provider: a completion wait that
+// allocated showed only there. testing.AllocsPerRun counts every goroutine's
+// allocations, so the pollers and the peer's goroutine are included.
 func TestSteadyStateAllocs(t *testing.T) {
 	f := soft.New(soft.Options{})
-	provs := withDefaultProvider(t, allocProvider{"soft", f, f})
+	sp, err := shm.New(shm.Options{})
+	require.NoError(t, err)
+	defer func() {
+		require.NoError(t, closeIdle(func(p verbs.Provider) bool { return p == sp })) // warm.go
+		require.NoError(t, sp.Close())
+	}()
+	provs := withDefaultProvider(t, allocProvider{"soft", f, f}, allocProvider{"shm", sp, nil})
 	const size = 64 << 10
 	for _, pv := range provs {
 		t.Run(pv.name, func(t *testing.T) {
