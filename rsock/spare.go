@@ -18,7 +18,8 @@ import (
 // endpoint (prepareEarly). The spare is prepared when a connection the Listener
 // accepted over RDMA closes (Conn.Close starts it), outside any handshake: that closing
 // released an endpoint on the same device, so the spare holds no more than the Listener
-// held a moment before.
+// held a moment before; and a client that comes while it is being prepared waits for
+// it rather than prepare another beside it (take).
 //
 // The spare is bounded: one per Listener, prepared only on a device that is warm
 // (rdma.Warm: nothing is listed or opened for it), released after spareIdle if no
@@ -41,6 +42,7 @@ type spareEndpoint struct {
 	ep      *rdma.Endpoint
 	ip      netip.Addr  // the local address ep was prepared for
 	filling bool        // a refill is preparing an endpoint
+	fillIP  netip.Addr  // the local address the refill under way prepares for
 	filled  *sync.Cond  // on mu: broadcast as a refill ends; made with the first
 	closed  bool        // the Listener closed: no more spares
 	idle    *time.Timer // releases ep after spareIdle; made with the first spare, when s joins spares
@@ -70,8 +72,19 @@ func releaseSpares() {
 // take hands over the spare if it was prepared for local address ip, charging it to
 // budget, the client's (nil: none). It returns nil when there is no such spare, or when
 // budget refuses it (the spare is then released).
+//
+// A refill for ip that is under way is waited for: its endpoint is this client's. A
+// client that came while the spare was being prepared, the Close that started it just
+// returned, would otherwise prepare a second endpoint beside it, and the two would hold
+// one more than the Listener held a moment before: with Config.MaxRDMAConns reached,
+// the client's was refused and the connection fell back to TCP although a closed one
+// had just made room (TestRDMAConnLimit, one run in seven with -race). The wait is the
+// preparation the client would make itself.
 func (s *spareEndpoint) take(ip netip.Addr, budget rdma.Budget) *rdma.Endpoint {
 	s.mu.Lock()
+	for s.filling && s.fillIP == ip {
+		s.filled.Wait()
+	}
 	ep := s.ep
 	if ep == nil || s.ip != ip {
 		s.mu.Unlock()
@@ -97,7 +110,7 @@ func (s *spareEndpoint) refill(ctx context.Context, cfg *Config, ip netip.Addr) 
 	if s.ep != nil || s.filling || s.closed {
 		return
 	}
-	s.filling = true
+	s.filling, s.fillIP = true, ip
 	if s.filled == nil {
 		s.filled = sync.NewCond(&s.mu)
 	}

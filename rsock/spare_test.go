@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -115,6 +116,41 @@ func TestSpareTake(t *testing.T) {
 			require.Zero(t, fab.Stats().QPs, "every QP released")
 		})
 	}
+}
+
+// TestSpareTakeWaitsForRefill: a client that comes while a refill for its local address
+// is under way waits for it and takes its endpoint, rather than preparing a second one
+// beside it; a refill for another address is not waited for.
+func TestSpareTakeWaitsForRefill(t *testing.T) {
+	ip := netip.MustParseAddr("127.0.0.1")
+	fab := soft.New(soft.Options{})
+	t.Cleanup(func() { rdma.CloseIdle(fab) })
+	ep, err := rdma.Prepare(fab, ip, rdma.Options{})
+	require.NoError(t, err)
+	synctest.Test(t, func(t *testing.T) {
+		var s spareEndpoint
+		s.filling, s.fillIP, s.filled = true, ip, sync.NewCond(&s.mu)
+		s.idle = time.AfterFunc(time.Hour, func() {})
+		defer s.idle.Stop()
+		require.Nil(t, s.take(netip.MustParseAddr("127.0.0.2"), nil), "a client on another address")
+
+		got := make(chan *rdma.Endpoint, 1)
+		go func() { got <- s.take(ip, nil) }()
+		synctest.Wait()
+		select {
+		case e := <-got:
+			t.Fatalf("take returned %v while the refill for its address was under way", e)
+		default:
+		}
+		s.mu.Lock()
+		s.ep, s.ip, s.filling = ep, ip, false // fill's end
+		s.filled.Broadcast()
+		s.mu.Unlock()
+		require.Same(t, ep, <-got, "the client takes the refill's endpoint")
+		require.Zero(t, s.qps(), "handed over")
+	})
+	require.NoError(t, ep.Abort())
+	require.Zero(t, fab.Stats().QPs, "every QP released")
 }
 
 // TestSpareExpire: the idle timer's callback releases a spare whose wait is over, and
