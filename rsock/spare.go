@@ -82,8 +82,8 @@ func releaseSpares() {
 // preparation the client would make itself.
 func (s *spareEndpoint) take(ip netip.Addr, budget rdma.Budget) *rdma.Endpoint {
 	s.mu.Lock()
-	for s.filling && s.fillIP == ip {
-		s.filled.Wait()
+	if s.filling && s.fillIP == ip {
+		s.waitFill()
 	}
 	ep := s.ep
 	if ep == nil || s.ip != ip {
@@ -126,7 +126,12 @@ func (s *spareEndpoint) waitFill() {
 
 // fill prepares the spare refill started, if the device is warm, and installs it.
 func (s *spareEndpoint) fill(ctx context.Context, cfg *Config, ip netip.Addr) {
-	ep := prepareSpare(ctx, cfg, ip)
+	s.install(prepareSpare(ctx, cfg, ip), ip)
+}
+
+// install ends a refill: ep, prepared for ip (nil if none could be), becomes the spare
+// unless the Listener closed meanwhile, and whoever waits for the refill is woken.
+func (s *spareEndpoint) install(ep *rdma.Endpoint, ip netip.Addr) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.filling = false

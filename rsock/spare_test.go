@@ -142,10 +142,7 @@ func TestSpareTakeWaitsForRefill(t *testing.T) {
 			t.Fatalf("take returned %v while the refill for its address was under way", e)
 		default:
 		}
-		s.mu.Lock()
-		s.ep, s.ip, s.filling = ep, ip, false // fill's end
-		s.filled.Broadcast()
-		s.mu.Unlock()
+		s.install(ep, ip) // the refill's end
 		require.Same(t, ep, <-got, "the client takes the refill's endpoint")
 		require.Zero(t, s.qps(), "handed over")
 	})
