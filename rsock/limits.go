@@ -169,6 +169,21 @@ func (r *remoteBudget) Refund(qps, bytes int) {
 	}
 }
 
+// leavesHalf reports whether bytes more registered memory would leave at least half of
+// each registered-memory limit that counts this connection free: its remote address's
+// and the listener's. A same-host connection takes its large ring only while it does
+// (largeRingFits).
+func (r *remoteBudget) leavesHalf(bytes int64) bool {
+	b := r.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	fits := func(limit, held int64) bool { return limit <= 0 || held+bytes <= limit/2 }
+	if r.keyed && !fits(b.maxBytesRemote, b.remote[r.key].bytes) {
+		return false
+	}
+	return fits(b.maxBytes, b.total.bytes)
+}
+
 // memoryLimit is a limitError's what for the registered-memory limits.
 const memoryLimit = "bytes of registered memory"
 

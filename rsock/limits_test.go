@@ -265,3 +265,30 @@ func TestNilListenerBudget(t *testing.T) {
 	var lb *listenerBudget
 	require.Nil(t, lb.forRemote(tcpAddr("10.0.0.1:1")))
 }
+
+// TestLeavesHalf: whether a charge leaves half of each registered-memory limit that
+// counts the connection free, its remote address's and the listener's.
+func TestLeavesHalf(t *testing.T) {
+	tests := []struct {
+		name                  string
+		perRemote, perListner int64 // limits; 0: none
+		heldRemote, heldOther int   // bytes held by this remote address and by another
+		ask                   int64
+		want                  bool
+	}{
+		{"no limits", 0, 0, 1 << 30, 0, 1 << 30, true},
+		{"within half of the remote's", 100, 0, 20, 0, 30, true},
+		{"past half of the remote's", 100, 0, 20, 0, 31, false},
+		{"past half of the listener's, through another remote", 0, 100, 20, 40, 11, false},
+		{"within half of the listener's", 1000, 100, 20, 20, 10, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			lb := newListenerBudget(&Config{MaxRegisteredMemoryPerRemote: tt.perRemote, MaxRegisteredMemoryPerListener: tt.perListner})
+			r := lb.forRemote(tcpAddr("10.0.0.1:1")).(*remoteBudget)
+			require.NoError(t, r.Charge(0, tt.heldRemote))
+			require.NoError(t, lb.forRemote(tcpAddr("10.0.0.2:1")).Charge(0, tt.heldOther))
+			require.Equal(t, tt.want, r.leavesHalf(tt.ask))
+		})
+	}
+}

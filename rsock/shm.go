@@ -55,10 +55,18 @@ func (c *Config) sameHostProvider(boot bootConn) verbs.Provider {
 // as the stream first touches them, so an end that never streams holds little of it;
 // one that did keeps its 3 MiB until it closes (a fixed ring does not shrink when
 // idle). It is charged in full
-// to the registered-memory limits (Config.MaxRegisteredMemory, the Listener's
-// MaxRegisteredMemoryPerRemote, 2 GiB by default: some 680 such ends); a connection the
+// to the registered-memory limits (Config.MaxRegisteredMemory, and the Listener's
+// MaxRegisteredMemoryPerRemote and MaxRegisteredMemoryPerListener); a connection the
 // limits refuse it gets the ordinary growing ring instead, still on shared memory
 // (prepareEndpoint), and falls back to TCP only if that does not fit either.
+//
+// A Listener gives the large ring only while the connections' registered memory stays
+// within half of its limits (largeRingFits): every client of a same-host Listener
+// comes from one remote address, and at the default 2 GiB per remote address the large
+// rings alone had taken it all by some 680 connections, so that the 850th, idle or not,
+// fell back to TCP (rsockperf -mode idle, 5,000 connections). Now some 340 connections
+// get the large ring, and the other half of the limit holds ordinary rings: tens of
+// thousands idle, each growing as far as the limit lets it when it streams.
 //
 // Why these sizes, measured on a 2-core EPYC with 2 MiB of L2 per core: moving 64 KiB
 // writes through a bare shared ring with two copies (verbs/shm's BenchmarkBoundRing)
@@ -88,6 +96,20 @@ func sameHostOptions(o rdma.Options) rdma.Options {
 		o.SendBufferSize = sameHostSendBuffer
 	}
 	return o
+}
+
+// largeRingFits reports whether a same-host connection charging budget (a Listener's,
+// nil on a client's side) may take the large ring sameHostOptions gives engine options
+// o: always when o's sizes are the Config's own (sameHostOptions keeps them) or nothing
+// bounds the connection, else only while the ring and its staging leave half of the
+// Listener's registered-memory limits free (remoteBudget.leavesHalf).
+func largeRingFits(budget rdma.Budget, o rdma.Options) bool {
+	large, small := sameHostOptions(o), sameHostSmallOptions(o)
+	if large.RingSize == small.RingSize && large.SendBufferSize == small.SendBufferSize {
+		return true
+	}
+	r, ok := budget.(*remoteBudget)
+	return !ok || r.leavesHalf(int64(large.RingSize+large.SendBufferSize))
 }
 
 // sameHostSmallOptions are the options of a same-host connection whose ring of

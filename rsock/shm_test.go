@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"strings"
@@ -152,6 +153,48 @@ func TestSHMSelection(t *testing.T) {
 				require.NoError(t, c.FallbackReason())
 			}
 		})
+	}
+}
+
+// TestSHMLargeRingHalf: a Listener gives same-host connections the large ring only while
+// their registered memory stays within half of its limit; the connections after that
+// get the ordinary ring, still on shared memory, rather than using up the limit and
+// falling back to TCP.
+func TestSHMLargeRingHalf(t *testing.T) {
+	large := int64(sameHostRingSize + sameHostSendBuffer)
+	ln := listen(t, &Config{MaxRegisteredMemoryPerRemote: 2*large + large/2})
+	var conns []*Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i, wantLarge := range []bool{true, false, false, false} {
+		before, _, _ := ln.budget.held(netip.Prefix{})
+		accepted := make(chan *Conn, 1)
+		go func() {
+			c, err := ln.Accept()
+			if err != nil {
+				accepted <- nil
+				return
+			}
+			accepted <- c.(*Conn)
+		}()
+		c, err := Dial("tcp", ln.Addr().String(), nil)
+		require.NoError(t, err)
+		conns = append(conns, c)
+		s := <-accepted
+		require.NotNil(t, s)
+		conns = append(conns, s)
+		require.Equal(t, TransportSHM, s.Transport(), "connection %d: %v", i, s.FallbackReason())
+		after, _, _ := ln.budget.held(netip.Prefix{})
+		charged := after.bytes - before.bytes
+		if wantLarge {
+			require.GreaterOrEqual(t, charged, large, "connection %d: the large ring", i)
+		} else {
+			require.Less(t, charged, int64(sameHostSendBuffer), "connection %d: the ordinary ring", i)
+		}
+		requireEcho(t, c, s)
 	}
 }
 

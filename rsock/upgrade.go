@@ -602,10 +602,14 @@ func prepareEndpoint(ctx context.Context, cfg *Config, boot bootConn, budget rdm
 	opts := cfg.rdmaOptions()
 	opts.Budget = budget
 	if sameHost {
-		ep, err = rdma.PrepareContext(ctx, p, ip, sameHostOptions(opts))
-		if err != nil && ctx.Err() == nil && memoryRefused(err) {
-			// The same-host ring did not fit a memory limit: the ordinary, growing one
-			// may, and shared memory with it still beats a fallback to TCP.
+		large := largeRingFits(budget, opts)
+		if large {
+			ep, err = rdma.PrepareContext(ctx, p, ip, sameHostOptions(opts))
+		}
+		if !large || err != nil && ctx.Err() == nil && memoryRefused(err) {
+			// The same-host ring would pass half a memory limit, or did not fit one:
+			// the ordinary, growing one may, and shared memory with it still beats a
+			// fallback to TCP.
 			ep, err = rdma.PrepareContext(ctx, p, ip, sameHostSmallOptions(opts))
 		}
 	} else {
