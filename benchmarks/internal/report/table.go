@@ -134,6 +134,11 @@ func writeIdle(w io.Writer, rows []workload.IdleResult) {
 			Bytes(r.HeapPerEnd), reg, rest, Bytes(r.StackPerEnd), r.FilesPerEnd, r.GoroutinesPerEnd, r.Setup.Round(time.Millisecond))
 	}
 	tw.Flush()
+	for _, r := range rows {
+		if r.Capped != "" {
+			fmt.Fprintf(w, "  fewer connections than asked: %s\n", r.Capped)
+		}
+	}
 }
 
 func writeTargets(w io.Writer, ts []Target) {

@@ -3,10 +3,12 @@ package workload
 import (
 	"context"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"runtime"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/rsockio/rsock/verbs/soft"
@@ -38,6 +40,9 @@ type IdleResult struct {
 	// SoftQPs and SoftMRs are the QPs and MRs the connections hold on RsockRDMA's soft
 	// fabric, if any.
 	SoftQPs, SoftMRs int
+	// Capped, if not empty, says why fewer connections than asked were opened: the
+	// process's limit of open files (Conns is then how many were).
+	Capped string `json:",omitempty"`
 }
 
 // footprint is the process's use of what IdleResult counts.
@@ -47,6 +52,39 @@ type footprint struct {
 	files, routines int
 }
 
+// openFiles counts the process's open files, or returns -1 where /proc says nothing.
+func openFiles() int {
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return -1
+	}
+	return len(fds)
+}
+
+// connsWithinFiles returns how many of n connections, perConn open files each, fit in
+// room more files. A connection on shared memory opens several (its socket, its QP's
+// Unix socket and connection, a memfd per region), and 5,000 of them, both ends in one
+// process, passed an RLIMIT_NOFILE of 20,000, which fails a run rather than measure it.
+func connsWithinFiles(n, perConn, room int) int {
+	if perConn <= 0 || n*perConn <= room {
+		return n
+	}
+	return max(room/perConn, 0)
+}
+
+// fileRoom is how many more files the process may open, keeping a margin for what the
+// measurement itself opens (a twentieth of the limit, at least 64); ok is false when
+// the limit or the count is unknown.
+func fileRoom() (room, limit int, ok bool) {
+	var rl syscall.Rlimit
+	open := openFiles()
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil || open < 0 || rl.Cur > math.MaxInt32 {
+		return 0, 0, false
+	}
+	limit = int(rl.Cur)
+	return limit - open - max(limit/20, 64), limit, true
+}
+
 func measureFootprint(env *Env) footprint {
 	runtime.GC()
 	runtime.GC()
@@ -54,9 +92,7 @@ func measureFootprint(env *Env) footprint {
 	runtime.ReadMemStats(&m)
 	f := footprint{heap: int64(m.HeapAlloc), stack: int64(m.StackInuse), routines: runtime.NumGoroutine()}
 	f.registered, _ = env.RegisteredBytes()
-	if fds, err := os.ReadDir("/proc/self/fd"); err == nil {
-		f.files = len(fds)
-	}
+	f.files = max(openFiles(), 0)
 	return f
 }
 
@@ -86,6 +122,32 @@ func Idle(env *Env, n int, progress func(opened int)) (IdleResult, error) {
 			return r, err
 		}
 	}
+	// A second connection that also stays open tells how many files each opens (the
+	// first opened the device's too), so that no more are opened than the process's
+	// limit of open files allows.
+	held := 1
+	if room, limit, ok := fileRoom(); ok && n > 1 {
+		filesBefore := openFiles()
+		probe, err := openMany(1, openIdle)
+		if err != nil {
+			return r, err
+		}
+		defer closeAll(probe)
+		held++
+		if srv != nil {
+			if err := waitIdle(srv, held); err != nil {
+				return r, err
+			}
+		}
+		perConn := openFiles() - filesBefore
+		if capped := connsWithinFiles(n, perConn, room-perConn); capped < n {
+			if capped < 1 {
+				return r, fmt.Errorf("idle: %s: no room for a connection of %d open files under RLIMIT_NOFILE %d", env.Transport.Name, perConn, limit)
+			}
+			r.Capped = fmt.Sprintf("%s: %d of %d connections, %d open files each within RLIMIT_NOFILE %d", env.Transport.Name, capped, n, perConn, limit)
+			n, r.Conns = capped, capped
+		}
+	}
 	settle()
 	before := measureFootprint(env)
 	var softBefore soft.Stats
@@ -104,7 +166,7 @@ func Idle(env *Env, n int, progress func(opened int)) (IdleResult, error) {
 	}
 	defer closeAll(conns)
 	if srv != nil {
-		if err := waitIdle(srv, n+1); err != nil {
+		if err := waitIdle(srv, n+held); err != nil {
 			stopProgress()
 			return r, err
 		}
