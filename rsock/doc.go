@@ -240,7 +240,9 @@
 // machine may be slow, a working path is not cut short), ends the upgrade: both sides stay on the
 // bootstrap transport with a reason matching [ErrPathUnproven] that names the likely
 // cause ("no RDMA message from the peer ...: is RoCE (UDP 4791) blocked or routed
-// elsewhere?"). Nothing the application wrote is lost: it had not left the bootstrap.
+// elsewhere?"; on shared memory, the peer's process: out of open files, or in another
+// network namespace or run by another user). Nothing the application wrote is lost: it
+// had not left the bootstrap.
 //
 // The proof also binds the RDMA peer to the bootstrap peer. Each hello carries a fresh
 // random nonce, and each proof echoes both, so a proof proves that the party sending it

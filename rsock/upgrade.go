@@ -223,7 +223,7 @@ func (d *dialState) offerRDMA(ctx context.Context) (upgrade, error) {
 	conn.UseControlSocket(d.spin.raw) // the socket's handle, made once for both
 	peer, why, err := proveClient(ctx, conn, &proof{
 		role: roleClient, client: offer.Nonce, server: h.rdma.Nonce, ringRKey: mine.RingRKey, ringAddr: mine.RingAddr,
-	})
+	}, unprovenHint(shm != nil))
 	if err != nil {
 		conn.Abandon()
 		return upgrade{}, err
@@ -246,14 +246,15 @@ func (d *dialState) offerRDMA(ctx context.Context) (upgrade, error) {
 
 // proveClient sends the client's proof mine over conn and waits for the server's. It
 // returns the server's proof, or why the path is unproven (an error matching
-// ErrPathUnproven), or an error when ctx ends first (the handshake is over).
-func proveClient(ctx context.Context, conn *rdma.Conn, mine *proof) (peer proof, why, err error) {
+// ErrPathUnproven, ending with hint: unprovenHint), or an error when ctx ends first (the
+// handshake is over).
+func proveClient(ctx context.Context, conn *rdma.Conn, mine *proof, hint string) (peer proof, why, err error) {
 	var buf [proofLen]byte // SendProof copies it
 	if err := conn.SendProof(mine.appendTo(buf[:0])); err != nil {
 		return proof{}, fmt.Errorf("%w: send the proof: %w", ErrPathUnproven, err), nil
 	}
 	if conn.SpinProof() { // the common case, where the peer answers at once: no timer
-		return checkServerProof(conn, mine)
+		return checkServerProof(conn, mine, hint)
 	}
 	wait := pathProofTimeout
 	if dl, ok := ctx.Deadline(); ok {
@@ -266,18 +267,31 @@ func proveClient(ctx context.Context, conn *rdma.Conn, mine *proof) (peer proof,
 	case <-parentDone(ctx): // the handshake's own deadline is later than t's
 		return proof{}, nil, fmt.Errorf("prove the rdma path: %w", ctx.Err())
 	case <-t.C:
-		return proof{}, fmt.Errorf("%w: no RDMA message from the peer within %v: is RoCE (UDP 4791) blocked or routed elsewhere?", ErrPathUnproven, wait.Round(time.Millisecond)), nil
+		return proof{}, fmt.Errorf("%w: no RDMA message from the peer within %v: %s", ErrPathUnproven, wait.Round(time.Millisecond), hint), nil
 	case <-conn.ProofDone():
 	}
-	return checkServerProof(conn, mine)
+	return checkServerProof(conn, mine, hint)
+}
+
+// unprovenHint is what a reason for an unproven path asks the operator to check. Over
+// RDMA, it is the network: RoCE's port filtered, or its packets routed elsewhere. On
+// shared memory (shm), the proof crosses the Unix socket the peer's QP listens on, and
+// what keeps it from there is the peer's process: out of open files (each same-host
+// connection end holds several), or in another network namespace, whose abstract Unix
+// sockets are apart, or run by another user.
+func unprovenHint(shm bool) string {
+	if shm {
+		return "is either process out of open files (RLIMIT_NOFILE), or are they in different network namespaces or run by different users?"
+	}
+	return "is RoCE (UDP 4791) blocked or routed elsewhere?"
 }
 
 // checkServerProof reads the server's proof off conn, whose ProofDone is closed, and
 // checks it binds to the client's proof mine: see proveClient.
-func checkServerProof(conn *rdma.Conn, mine *proof) (peer proof, why, err error) {
+func checkServerProof(conn *rdma.Conn, mine *proof, hint string) (peer proof, why, err error) {
 	b, err := conn.Proof()
 	if err != nil {
-		return proof{}, fmt.Errorf("%w: the first RDMA message between the peers failed: %w: is RoCE (UDP 4791) blocked or routed elsewhere?", ErrPathUnproven, err), nil
+		return proof{}, fmt.Errorf("%w: the first RDMA message between the peers failed: %w: %s", ErrPathUnproven, err, hint), nil
 	}
 	if peer, err = decodeProof(b); err == nil {
 		err = peer.binds(roleServer, mine.client, mine.server)
@@ -453,9 +467,9 @@ func (a *acceptState) acceptRDMA(ctx context.Context, offer *hello) (upgrade, er
 		switch {
 		case why != nil:
 		case proven:
-			why = fmt.Errorf("%w: this side's proof did not reach the peer over RDMA: is RoCE (UDP 4791) blocked or routed elsewhere?", ErrPathUnproven)
+			why = fmt.Errorf("%w: this side's proof did not reach the peer over RDMA: %s", ErrPathUnproven, unprovenHint(shm != nil))
 		default:
-			why = fmt.Errorf("%w: no RDMA message from the peer before it gave up: is RoCE (UDP 4791) blocked or routed elsewhere?", ErrPathUnproven)
+			why = fmt.Errorf("%w: no RDMA message from the peer before it gave up: %s", ErrPathUnproven, unprovenHint(shm != nil))
 		}
 		return upgrade{reason: &FallbackError{Err: why}, replied: true}, nil
 	case c.b == confirmFailed:

@@ -709,3 +709,20 @@ func TestUpgradeClientBeforeUnitRing(t *testing.T) {
 		})
 	}
 }
+
+// TestUnprovenHint: the cause an unproven path's reason names is the network's over
+// RDMA, and the peer process's on shared memory, where no RoCE packet is sent.
+func TestUnprovenHint(t *testing.T) {
+	tests := []struct {
+		shm           bool
+		names, absent string
+	}{
+		{false, "UDP 4791", "open files"},
+		{true, "open files (RLIMIT_NOFILE)", "RoCE"},
+	}
+	for _, tt := range tests {
+		hint := unprovenHint(tt.shm)
+		require.Contains(t, hint, tt.names, "shm %v", tt.shm)
+		require.NotContains(t, hint, tt.absent, "shm %v", tt.shm)
+	}
+}
