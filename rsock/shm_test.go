@@ -171,21 +171,8 @@ func TestSHMLargeRingHalf(t *testing.T) {
 	}()
 	for i, wantLarge := range []bool{true, false, false, false} {
 		before, _, _ := ln.budget.held(netip.Prefix{})
-		accepted := make(chan *Conn, 1)
-		go func() {
-			c, err := ln.Accept()
-			if err != nil {
-				accepted <- nil
-				return
-			}
-			accepted <- c.(*Conn)
-		}()
-		c, err := Dial("tcp", ln.Addr().String(), nil)
-		require.NoError(t, err)
-		conns = append(conns, c)
-		s := <-accepted
-		require.NotNil(t, s)
-		conns = append(conns, s)
+		c, s := pipe(t, ln, nil)
+		conns = append(conns, c, s)
 		require.Equal(t, TransportSHM, s.Transport(), "connection %d: %v", i, s.FallbackReason())
 		after, _, _ := ln.budget.held(netip.Prefix{})
 		charged := after.bytes - before.bytes
