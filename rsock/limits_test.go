@@ -270,11 +270,11 @@ func TestNilListenerBudget(t *testing.T) {
 // counts the connection free, its remote address's and the listener's.
 func TestLeavesHalf(t *testing.T) {
 	tests := []struct {
-		name                  string
-		perRemote, perListner int64 // limits; 0: none
-		heldRemote, heldOther int   // bytes held by this remote address and by another
-		ask                   int64
-		want                  bool
+		name                   string
+		perRemote, perListener int64 // limits; 0: none
+		heldRemote, heldOther  int   // bytes held by this remote address and by another
+		ask                    int64
+		want                   bool
 	}{
 		{"no limits", 0, 0, 1 << 30, 0, 1 << 30, true},
 		{"within half of the remote's", 100, 0, 20, 0, 30, true},
@@ -284,7 +284,7 @@ func TestLeavesHalf(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			lb := newListenerBudget(&Config{MaxRegisteredMemoryPerRemote: tt.perRemote, MaxRegisteredMemoryPerListener: tt.perListner})
+			lb := newListenerBudget(&Config{MaxRegisteredMemoryPerRemote: tt.perRemote, MaxRegisteredMemoryPerListener: tt.perListener})
 			r := lb.forRemote(tcpAddr("10.0.0.1:1")).(*remoteBudget)
 			require.NoError(t, r.Charge(0, tt.heldRemote))
 			require.NoError(t, lb.forRemote(tcpAddr("10.0.0.2:1")).Charge(0, tt.heldOther))

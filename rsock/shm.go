@@ -102,7 +102,9 @@ func sameHostOptions(o rdma.Options) rdma.Options {
 // nil on a client's side) may take the large ring sameHostOptions gives engine options
 // o: always when o's sizes are the Config's own (sameHostOptions keeps them) or nothing
 // bounds the connection, else only while the ring and its staging leave half of the
-// Listener's registered-memory limits free (remoteBudget.leavesHalf).
+// Listener's registered-memory limits free (remoteBudget.leavesHalf). It is a check, not
+// a reservation: handshakes under way at once may each pass it, and go past half by a
+// large ring each; the limits themselves are still enforced by the budget's Charge.
 func largeRingFits(budget rdma.Budget, o rdma.Options) bool {
 	large, small := sameHostOptions(o), sameHostSmallOptions(o)
 	if large.RingSize == small.RingSize && large.SendBufferSize == small.SendBufferSize {
