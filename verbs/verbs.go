@@ -124,6 +124,17 @@ type QPQuerier interface {
 	Query() (QPAttr, error)
 }
 
+// TransportCauser is implemented by QPs whose transport can fail for a local reason
+// that a work completion's status cannot carry. verbs/shm's QP reaches its peer through
+// a Unix socket, which a process out of file descriptors (EMFILE) cannot open: the
+// request is then retried as a lost packet, and ends in WCRetryExcErr like one. A
+// caller that sees that status asks TransportCause for the error behind it, to report
+// "too many open files" rather than an unreachable peer. It returns nil when the QP's
+// transport met no such error (the peer did not answer), and for the last error only.
+type TransportCauser interface {
+	TransportCause() error
+}
+
 // QPAttr is what [QPQuerier.Query] reports (a subset of struct ibv_qp_attr).
 type QPAttr struct {
 	State   QPState

@@ -74,6 +74,9 @@ func (r *peerRegion) slice(addr uint64, n uint32) ([]byte, bool) {
 // dialPeer connects q to its destination QP and says hello, passing a new channel. The
 // caller holds q.sq.mu.
 func dialPeer(q *QP) (*peerConn, error) {
+	if err := q.dev.p.injectedFailure(allocDial); err != nil {
+		return nil, fmt.Errorf("shm: dial QP %#x: %w", q.sq.destQPN, err)
+	}
 	addr := &net.UnixAddr{Name: qpSocketName(q.sq.destQPN), Net: "unixpacket"}
 	c, err := net.DialUnix("unixpacket", nil, addr)
 	if err != nil {
@@ -329,14 +332,38 @@ func checkPeer(c *net.UnixConn, allow map[uint32]bool) error {
 }
 
 // acceptLoop accepts requesters' connections to q until its socket closes.
+//
+// An accept that fails while the socket is open (the process out of file descriptors,
+// EMFILE, or the host out of memory) is retried after a pause, doubling from
+// acceptRetryMin to acceptRetryMax, as net/http's Server does. Returning instead left
+// the socket listening with nobody accepting: a peer's connection waited in the
+// backlog, its requests unanswered, for as long as the QP lived.
 func (q *QP) acceptLoop() {
 	p := q.dev.p
 	defer p.wg.Done()
+	var pause time.Duration
 	for {
 		c, err := q.ln.AcceptUnix()
-		if err != nil {
-			return
+		if err == nil {
+			if err = p.injectedFailure(allocAccept); err != nil {
+				c.Close()
+			}
 		}
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			pause = min(max(2*pause, acceptRetryMin), acceptRetryMax)
+			t := time.NewTimer(pause)
+			select {
+			case <-q.ln.done:
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			continue
+		}
+		pause = 0
 		if checkPeer(c, p.allow) != nil {
 			c.Close()
 			continue
@@ -462,3 +489,10 @@ func (q *QP) serve(c *net.UnixConn) {
 }
 
 var errClosedConn = errors.New("shm: connection closed")
+
+// How long acceptLoop pauses after a failed accept: from acceptRetryMin, doubling, to
+// acceptRetryMax.
+const (
+	acceptRetryMin = 5 * time.Millisecond
+	acceptRetryMax = time.Second
+)

@@ -89,6 +89,15 @@
 // 0, which on hardware would wait forever), and the QP moves to ERROR. Regions it mapped
 // from this process stay mapped in no one but this process.
 //
+// # Out of file descriptors
+//
+// A QP's connection to its peer is a Unix socket, and the regions and channels it
+// passes are memfds, so a process out of descriptors (EMFILE) cannot connect, and its
+// requests are lost as to an unreachable peer, ending in RETRY_EXC_ERR: the QP's
+// TransportCause ([verbs.TransportCauser]) returns the error behind that. A QP whose
+// accept of a peer's connection fails keeps accepting after a pause (5 ms, doubling to
+// 1 s), so the peer's retransmissions are answered once descriptors are free.
+//
 // # Deviations from hardware
 //
 //   - The payload of an RDMA WRITE lands when the requester places the request, which

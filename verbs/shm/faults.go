@@ -11,7 +11,7 @@ import (
 // verbstest.Faults and verbstest.PortFaults. They act on this process's side only.
 
 // Allocation kinds of [Provider.FailAllocs].
-var allocKinds = [...]string{"context", "pd", "mr", "cq", "qp", "channel"}
+var allocKinds = [...]string{"context", "pd", "mr", "cq", "qp", "channel", "dial", "accept"}
 
 const (
 	allocContext = iota
@@ -20,10 +20,14 @@ const (
 	allocCQ
 	allocQP
 	allocChannel
+	allocDial   // a QP's connection to its destination QP's socket (dialPeer)
+	allocAccept // a QP's acceptance of a requester's connection (acceptLoop)
 )
 
-// FailAllocs makes the next n allocations of kind ("context", "pd", "mr", "cq", "qp"
-// or "channel") fail with [verbs.ErrNoResources]. n = 0 cancels.
+// FailAllocs makes the next n allocations of kind ("context", "pd", "mr", "cq", "qp",
+// "channel", "dial": a QP's connection to its destination QP, or "accept": a QP's
+// acceptance of a requester's connection, each as a process out of file descriptors
+// fails to make it) fail with [verbs.ErrNoResources]. n = 0 cancels.
 func (p *Provider) FailAllocs(kind string, n int) error {
 	for i, k := range allocKinds {
 		if k == kind {

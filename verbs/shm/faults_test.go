@@ -31,3 +31,63 @@ func TestFaultArguments(t *testing.T) {
 	require.ErrorIs(t, p.SetPortState("shm9", 1, verbs.PortDown), verbs.ErrNoDevice)
 	require.Equal(t, verbs.QPStateReset, e.qp.State(), "a QP of another provider is untouched")
 }
+
+// TestTransportCause: a QP that cannot connect to its destination QP's socket (here an
+// injected failure; in production a process out of file descriptors) retries as for a
+// lost request, and once the retries are spent its completion says only
+// WCRetryExcErr: TransportCause names the error behind it, and forgets it once a
+// connection succeeds and at RESET.
+func TestTransportCause(t *testing.T) {
+	tests := []struct {
+		name     string
+		timeout  uint8 // the ACK timeout's exponent: 0 is none, so a failed dial fails the request at once; 14 is 67 ms
+		failures int   // dials that fail
+		status   verbs.WCStatus
+		cause    error
+	}{
+		{"connects", 0, 0, verbs.WCSuccess, nil},
+		{"cannot connect", 0, 1, verbs.WCRetryExcErr, verbs.ErrNoResources},
+		{"connects on a retry", 14, 1, verbs.WCSuccess, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newProvider(t, 1)
+			a := newEnd(t, p, "shm0", 4096)
+			b := newEnd(t, p, "shm0", 4096)
+			connectEnds(t, a, b, tt.timeout, 7)
+			require.NoError(t, b.qp.PostRecv([]verbs.RecvWR{{ID: 1}}))
+			require.NoError(t, p.FailAllocs("dial", tt.failures))
+			require.NoError(t, a.qp.PostSend([]verbs.SendWR{writeImm(7, a.mr, b.mr, 0, 64)}))
+			wc := pollWait(t, a.cq, 1)[0]
+			require.Equal(t, tt.status, wc.Status, "completion %+v", wc)
+
+			causer, ok := a.qp.(verbs.TransportCauser)
+			require.True(t, ok, "shm's QP is a verbs.TransportCauser")
+			cause := causer.TransportCause()
+			if tt.cause == nil {
+				require.NoError(t, cause)
+				return
+			}
+			require.ErrorIs(t, cause, tt.cause)
+			require.ErrorContains(t, cause, "dial QP")
+			require.NoError(t, a.qp.ToReset())
+			require.NoError(t, causer.TransportCause(), "RESET forgets the cause")
+		})
+	}
+}
+
+// TestAcceptRetries: a QP whose accept of a requester's connection fails (a process out
+// of file descriptors) keeps accepting after a pause, so the requester's retransmission
+// over a new connection is answered and its write completes.
+func TestAcceptRetries(t *testing.T) {
+	p := newProvider(t, 1)
+	a := newEnd(t, p, "shm0", 4096)
+	b := newEnd(t, p, "shm0", 4096)
+	connectEnds(t, a, b, 14, 7) // an ACK timeout of 67 ms: the requester retransmits
+	require.NoError(t, b.qp.PostRecv([]verbs.RecvWR{{ID: 1}}))
+	require.NoError(t, p.FailAllocs("accept", 2))
+	require.NoError(t, a.qp.PostSend([]verbs.SendWR{writeImm(7, a.mr, b.mr, 0, 64)}))
+	wc := pollWait(t, a.cq, 1)[0]
+	require.Equal(t, verbs.WCSuccess, wc.Status, "completion %+v", wc)
+	require.Equal(t, verbs.WCSuccess, pollWait(t, b.cq, 1)[0].Status)
+}

@@ -33,7 +33,7 @@ type QP struct {
 	caps   verbs.QPCaps
 	sigAll bool
 
-	ln *net.UnixListener // its socket, named after its number (see qpSocketName)
+	ln *qpListener // its socket, named after its number (see qpSocketName)
 
 	state  atomic.Int32 // a verbs.QPState
 	closed atomic.Bool
@@ -79,6 +79,7 @@ type sendQueue struct {
 	rnrRetry uint8
 
 	conn     *peerConn // connection to the destination QP, nil until first needed
+	dialErr  error     // why the last attempt to make conn failed (TransportCause); nil once one succeeds
 	inflight int       // WRs from the head whose requests await their responses
 	querying bool      // the head WR's region query awaits its answer (inflight is 0)
 	deadline time.Time // when busy, the end of the ACK timeout of the oldest answer awaited
@@ -191,7 +192,7 @@ func (p *PD) CreateQP(attr verbs.QPInitAttr) (verbs.QP, error) {
 
 // listenQP gives q a number no other QP of the network namespace has, by binding the
 // socket that number names, and returns the socket.
-func listenQP(q *QP) (*net.UnixListener, error) {
+func listenQP(q *QP) (*qpListener, error) {
 	var b [4]byte
 	for range 64 {
 		rand.Read(b[:])
@@ -202,13 +203,27 @@ func listenQP(q *QP) (*net.UnixListener, error) {
 		ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: qpSocketName(qpn), Net: "unixpacket"})
 		if err == nil {
 			q.qpn = qpn
-			return ln, nil
+			return &qpListener{UnixListener: ln, done: make(chan struct{})}, nil
 		}
 		if !errors.Is(err, syscall.EADDRINUSE) {
 			return nil, fmt.Errorf("listen: %w", err)
 		}
 	}
 	return nil, errors.New("no free QP number")
+}
+
+// qpListener is a QP's socket. Closing it also ends acceptLoop's pause after a failed
+// accept.
+type qpListener struct {
+	*net.UnixListener
+	done chan struct{} // closed by Close
+	once sync.Once
+}
+
+// Close closes the socket and ends acceptLoop's pause.
+func (l *qpListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return l.UnixListener.Close()
 }
 
 // QPN returns the QP number.
@@ -305,6 +320,7 @@ func (q *QP) ToReset() error {
 	s.posted, s.unreported = q.polled.SQ.Load(), 0
 	s.sgid, s.destGID, s.destQPN, s.av = verbs.GID{}, verbs.GID{}, 0, verbs.AddressVector{}
 	s.timeout, s.retry, s.rnrRetry, s.psn = 0, 0, 0, 0
+	s.dialErr = nil
 	r := &q.rq
 	r.wq.Reset(q.polled.RQ.Load())
 	r.access, r.srcGID, r.srcQPN, r.minRNR, r.epsn = 0, verbs.GID{}, 0, 0, 0
@@ -324,6 +340,17 @@ func (q *QP) discardLocked() {
 	}
 	q.sendCQ.forget(q)
 	q.recvCQ.forget(q)
+}
+
+// TransportCause returns why the QP's last attempt to connect to its destination QP
+// failed, or nil if it connected since or never tried (verbs.TransportCauser). A
+// request that cannot be sent for want of the connection is retried as a lost one, so
+// a process out of file descriptors sees its requests end in WCRetryExcErr, as if the
+// peer had not answered: this names the real cause. RESET clears it.
+func (q *QP) TransportCause() error {
+	q.sq.mu.Lock()
+	defer q.sq.mu.Unlock()
+	return q.sq.dialErr
 }
 
 // Close destroys the QP in any state. Peers that still send to it see a dead link.

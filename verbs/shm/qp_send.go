@@ -232,10 +232,11 @@ func (q *QP) kickLocked() {
 			}
 			c, err := dialPeer(q)
 			if err != nil {
+				q.sq.dialErr = err
 				q.lostLocked(e, true)
 				continue
 			}
-			q.sq.conn = c
+			q.sq.conn, q.sq.dialErr = c, nil
 			q.out.Store(c)
 		}
 		c := q.sq.conn

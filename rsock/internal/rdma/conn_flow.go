@@ -53,10 +53,11 @@ func (c *Conn) onCompletion(wc *verbs.WorkCompletion) {
 	}
 	if wc.Status != verbs.WCSuccess {
 		c.stats.completionFailed(wc.Status)
+		cause := c.transportCause(wc) // before mu: the QP takes its own lock
 		c.mu.Lock()
 		err := c.err // the first failure is the Conn's: the flushed WRs that follow it need no error of their own
 		if err == nil {
-			err = qpError("completion", wc.Err())
+			err = completionError("completion", wc, cause)
 		}
 		c.failLocked(err)
 		c.mu.Unlock()
@@ -157,6 +158,28 @@ func (c *Conn) onCQError(err error) {
 // qpError wraps a verbs failure as the Conn's error.
 func qpError(op string, err error) error {
 	return fmt.Errorf("%w: %s: %w", ErrQPFailed, op, err)
+}
+
+// transportCause is the local error behind a completion that failed for want of an
+// answer (WCRetryExcErr), where the QP knows one (verbs.TransportCauser: shm's, when
+// the process ran out of files to reach its peer), else nil.
+func (c *Conn) transportCause(wc *verbs.WorkCompletion) error {
+	if wc.Status != verbs.WCRetryExcErr {
+		return nil
+	}
+	if tc, ok := c.qp.(verbs.TransportCauser); ok {
+		return tc.TransportCause()
+	}
+	return nil
+}
+
+// completionError is a failed completion of op as the Conn's error, naming cause, if
+// any (transportCause), after the status it explains.
+func completionError(op string, wc *verbs.WorkCompletion, cause error) error {
+	if cause != nil {
+		return fmt.Errorf("%w: %s: %w: %w", ErrQPFailed, op, wc.Err(), cause)
+	}
+	return qpError(op, wc.Err())
 }
 
 // protocolError wraps a flowctl violation as the Conn's error.

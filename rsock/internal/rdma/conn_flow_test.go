@@ -1,7 +1,9 @@
 package rdma
 
 import (
+	"fmt"
 	"io"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -159,4 +161,53 @@ func TestStaleCompletionsAfterQPNReuse(t *testing.T) {
 		y.Close()
 		requireReleased(t, f)
 	})
+}
+
+// causeQP is a fakeQP that knows why its transport failed (verbs.TransportCauser).
+type causeQP struct {
+	fakeQP
+	cause error
+}
+
+func (q *causeQP) TransportCause() error { return q.cause }
+
+// TestTransportCause: a completion that failed for want of an answer names the local
+// cause its QP knows (shm's: out of files to reach the peer), on a data WR and on the
+// proof alike; other failures, and QPs that know none, keep the status alone.
+func TestTransportCause(t *testing.T) {
+	emfile := fmt.Errorf("shm: dial QP 0x7: socket: %w", syscall.EMFILE)
+	tests := []struct {
+		name   string
+		qp     queuePair
+		wc     verbs.WorkCompletion
+		cause  bool   // the Conn's error wraps emfile
+		status string // and says the completion's status
+	}{
+		{"a send, retries spent", &causeQP{cause: emfile},
+			verbs.WorkCompletion{WRID: 3, Status: verbs.WCRetryExcErr}, true, "transport retry counter exceeded"},
+		{"the proof, retries spent", &causeQP{cause: emfile},
+			verbs.WorkCompletion{WRID: recvWRFlag | proofRecvIndex, Status: verbs.WCRetryExcErr}, true, "transport retry counter exceeded"},
+		{"a send, remote access error", &causeQP{cause: emfile},
+			verbs.WorkCompletion{WRID: 3, Status: verbs.WCRemAccessErr}, false, "remote access error"},
+		{"a QP that knows no cause", &causeQP{},
+			verbs.WorkCompletion{WRID: 3, Status: verbs.WCRetryExcErr}, false, "transport retry counter exceeded"},
+		{"a QP that cannot tell", &fakeQP{},
+			verbs.WorkCompletion{WRID: 3, Status: verbs.WCRetryExcErr}, false, "transport retry counter exceeded"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newFakeConn(t, &fakeQP{})
+			c.qp = tt.qp
+			c.onCompletion(&tt.wc)
+			err := connErr(c)
+			require.ErrorIs(t, err, ErrQPFailed)
+			require.ErrorContains(t, err, tt.status)
+			if tt.cause {
+				require.ErrorIs(t, err, syscall.EMFILE)
+				require.ErrorContains(t, err, "too many open files")
+			} else {
+				require.NotErrorIs(t, err, syscall.EMFILE)
+			}
+		})
+	}
 }

@@ -88,11 +88,12 @@ func (c *Conn) finishProofLocked(n int, err error) {
 
 // onProof handles the completion of the proof WQE, on the poller's goroutine.
 func (c *Conn) onProof(wc *verbs.WorkCompletion) {
+	cause := c.transportCause(wc) // before mu, as in onCompletion
 	c.mu.Lock()
 	var err error
 	switch {
 	case wc.Status != verbs.WCSuccess:
-		err = qpError("proof", wc.Err())
+		err = completionError("proof", wc, cause)
 	case wc.Opcode != verbs.WCRecv || wc.Flags&verbs.WCWithImm != 0:
 		err = fmt.Errorf("%w: the peer's first message is a %v completion, not a proof", ErrProtocol, wc.Opcode)
 	case wc.ByteLen > ProofMaxLen:
