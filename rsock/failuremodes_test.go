@@ -25,7 +25,8 @@ func TestFailureModesDocumented(t *testing.T) {
 	require.NotEmpty(t, named)
 
 	dirs := map[string]string{"rsock": ".", "rsock/internal/rdma": "internal/rdma", "flowctl": "../flowctl",
-		"verbs": "../verbs", "verbs/ibv": "../verbs/ibv", "verbs/soft": "../verbs/soft"}
+		"verbs": "../verbs", "verbs/ibv": "../verbs/ibv", "verbs/soft": "../verbs/soft",
+		"verbs/shm": "../verbs/shm", "verbs/auto": "../verbs/auto"}
 	exist := map[string]bool{}
 	for pkg, dir := range dirs {
 		files, err := filepath.Glob(filepath.Join(dir, "*_test.go"))

@@ -36,16 +36,18 @@ var errSHMDisabled = fmt.Errorf("%w: same-host shared memory disabled (Config.Di
 
 // sameHostProvider returns the provider of a same-host upgrade for boot, or nil when
 // there is none: shm disabled, a provider configured, an encrypted bootstrap (QUIC: it
-// stays encrypted), or a peer elsewhere.
-func (c *Config) sameHostProvider(boot bootConn) verbs.Provider {
+// stays encrypted), or a peer elsewhere. The error is why a same-host connection has
+// none (the process is out of file descriptors, say): it falls back with it as its
+// reason rather than try the other providers' devices, so that the reason says so.
+func (c *Config) sameHostProvider(boot bootConn) (verbs.Provider, error) {
 	if c.DisableRDMA || c.DisableSHM || c.Provider != nil || c.Fallback == FallbackQUIC || !sameHost(boot) {
-		return nil
+		return nil, nil
 	}
 	p, err := auto.SameHost()
 	if err != nil {
-		return nil
+		return nil, fmt.Errorf("%w: same-host shared memory: %w", ErrNoProvider, err)
 	}
-	return p
+	return p, nil
 }
 
 // A same-host connection whose Config leaves the ring and staging sizes to the

@@ -16,6 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rsockio/rsock/rsock/internal/rdma"
+	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/auto"
 )
 
 // shmEchoEnv, in a re-executed test binary's environment, makes it an rsock echo server
@@ -233,4 +235,28 @@ func TestSameHostOptions(t *testing.T) {
 			require.Equal(t, tt.want, sameHostOptions(tt.in), "sameHostOptions(%+v)", tt.in)
 		})
 	}
+}
+
+// TestSHMOutOfFiles: a same-host connection whose QP cannot reach its peer's socket (a
+// process out of file descriptors; here, an injected failure of the same-host
+// provider's next connection) falls back to TCP, and the side that failed says why in
+// its reason, not only that the peer did not answer; the bytes cross on TCP.
+func TestSHMOutOfFiles(t *testing.T) {
+	p, err := auto.SameHost()
+	require.NoError(t, err)
+	faults, ok := p.(interface{ FailAllocs(string, int) error })
+	require.True(t, ok, "the same-host provider injects faults")
+	ln := listen(t, nil)
+	require.NoError(t, faults.FailAllocs("dial", 1))
+	t.Cleanup(func() { faults.FailAllocs("dial", 0) })
+	c, s := pipe(t, ln, nil)
+	defer c.Close()
+	defer s.Close()
+	require.Equal(t, TransportTCP, c.Transport(), "client: %v", c.FallbackReason())
+	require.Equal(t, TransportTCP, s.Transport(), "server: %v", s.FallbackReason())
+	require.ErrorIs(t, c.FallbackReason(), ErrPathUnproven)
+	require.ErrorIs(t, c.FallbackReason(), verbs.ErrNoResources, "the client's reason names the cause")
+	require.ErrorContains(t, c.FallbackReason(), "dial QP")
+	require.ErrorIs(t, s.FallbackReason(), ErrPathUnproven)
+	requireEcho(t, c, s)
 }

@@ -156,7 +156,10 @@ func (d *dialState) sendHello(h hello) error {
 // sending the hello's magic: see sendMagic), sends an offer with it, waits for the
 // server's answer, connects the queue pairs and proves the path.
 func (d *dialState) offerRDMA(ctx context.Context) (upgrade, error) {
-	shm := d.cfg.sameHostProvider(d.boot)
+	shm, err := d.cfg.sameHostProvider(d.boot)
+	if err != nil {
+		return upgrade{reason: &FallbackError{Err: err}}, nil
+	}
 	if d.deviceCold(shm) {
 		if err := d.sendMagic(); err != nil {
 			return upgrade{}, err
@@ -342,7 +345,7 @@ type acceptState struct {
 // device cold and never pays for it. Nor for a client on this host, which may offer
 // shared memory instead (sameHostProvider).
 func (a *acceptState) prepareEarly(ctx context.Context) {
-	if a.cfg.sameHostProvider(a.boot) != nil {
+	if shm, err := a.cfg.sameHostProvider(a.boot); shm != nil || err != nil {
 		return
 	}
 	p, err := a.cfg.provider()
@@ -393,13 +396,17 @@ type confirmation struct {
 // confirmation.
 func (a *acceptState) acceptRDMA(ctx context.Context, offer *hello) (upgrade, error) {
 	var shm verbs.Provider
+	var ep *rdma.Endpoint
+	var reason, err error
 	if offer.offersSHM() {
-		if shm = a.cfg.sameHostProvider(a.boot); shm == nil {
+		shm, err = a.cfg.sameHostProvider(a.boot)
+		switch {
+		case err != nil:
+			return upgrade{reason: &FallbackError{Err: err}}, nil
+		case shm == nil:
 			return upgrade{reason: &FallbackError{Err: errSHMDisabled}}, nil
 		}
 	}
-	var ep *rdma.Endpoint
-	var reason, err error
 	if shm != nil {
 		ep, reason, err = prepareEndpoint(ctx, a.cfg, a.boot, a.budget, shm)
 	} else {
