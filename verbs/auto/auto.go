@@ -16,9 +16,11 @@
 // [Default] is cheap to call on every dial: the first call probes, later calls return
 // the cached answer. A provider, once found, is kept for the life of the process. A
 // reason that cannot change while the process runs (not built with RDMA support,
-// libibverbs missing) is kept too. A reason that can (no device, no active port) is
-// kept for [RetryInterval], after which the next call probes again, so a port that
-// comes up is used without a restart.
+// libibverbs missing: verbs.ErrNotSupported) is kept too. Any other reason (no
+// device, no active port, a failure to list devices, such as a process out of file
+// descriptors) is kept for [RetryInterval], after which the next call probes again, so
+// a port that comes up is used without a restart, and a passing failure does not turn
+// RDMA off for the life of the process.
 package auto
 
 import (
@@ -32,14 +34,14 @@ import (
 	"github.com/rsockio/rsock/verbs/ibv"
 )
 
-// RetryInterval is how long Default keeps a "no device" or "no active port" answer
-// before it probes again.
+// RetryInterval is how long Default keeps a failure that can pass ("no device", "no
+// active port", a failure to list devices) before it probes again.
 const RetryInterval = 10 * time.Second
 
 // Default returns the verbs provider to use when none is configured, or nil and an
 // error saying why there is none. The error matches verbs.ErrNotSupported when RDMA
 // support is not built in or libibverbs is missing, and verbs.ErrNoDevice when there is
-// no device or no active port.
+// no device or no active port; other errors are failures to probe (see Caching).
 func Default() (verbs.Provider, error) { return defaultCache.get() }
 
 var defaultCache = &cache{probe: probe, now: time.Now}
@@ -85,7 +87,7 @@ func (c *cache) get() (verbs.Provider, error) {
 	c.p, c.err = c.probe()
 	c.done = true
 	c.expiry = time.Time{}
-	if c.err != nil && errors.Is(c.err, verbs.ErrNoDevice) {
+	if c.err != nil && !errors.Is(c.err, verbs.ErrNotSupported) {
 		c.expiry = c.now().Add(RetryInterval)
 	}
 	return c.p, c.err

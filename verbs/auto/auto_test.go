@@ -2,6 +2,8 @@ package auto
 
 import (
 	"errors"
+	"fmt"
+	"syscall"
 	"testing"
 	"time"
 
@@ -46,6 +48,8 @@ func TestCache(t *testing.T) {
 		{"not built is kept", ibv.ErrNotBuilt, []int{1, 1, 1}, time.Hour},
 		{"no device is retried after RetryInterval", verbs.ErrNoDevice, []int{1, 2, 3}, RetryInterval},
 		{"no device is kept within RetryInterval", verbs.ErrNoDevice, []int{1, 1, 2}, RetryInterval / 2},
+		// Listing devices out of file descriptors: the process may have some again soon.
+		{"another failure is retried after RetryInterval", fmt.Errorf("ibv: list devices: %w", syscall.EMFILE), []int{1, 2, 3}, RetryInterval},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

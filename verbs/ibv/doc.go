@@ -26,9 +26,11 @@
 // channel functions, which have no other), falling back to dlsym for a library without
 // symbol versions. A binary built with the tag therefore starts on a machine without
 // libibverbs; Open then returns a *[LibraryError] ("ibv: dlopen libibverbs.so.1: ..."),
-// which matches verbs.ErrNotSupported. With the library but no device (or no kernel
-// RDMA support) Open returns an error matching verbs.ErrNoDevice. The library stays
-// loaded for the life of the process.
+// which matches verbs.ErrNotSupported, and every later Open returns it too; one that
+// failed for want of file descriptors or memory is Temporary, matches
+// verbs.ErrNoResources instead, and the next Open tries again. With the library but no
+// device (or no kernel RDMA support) Open returns an error matching verbs.ErrNoDevice.
+// The library stays loaded for the life of the process.
 //
 // The fast-path calls ibv_post_send, ibv_post_recv, ibv_poll_cq and ibv_req_notify_cq
 // are static inline functions in verbs.h that dispatch through the context's ops

@@ -18,17 +18,27 @@ var ErrNotBuilt error = &reasonError{
 // LibraryError reports that libibverbs could not be loaded: the library is not
 // installed, or lacks a function this package needs. A program built with the rdma
 // tag still runs on such a machine; it falls back without RDMA.
-// errors.Is(err, verbs.ErrNotSupported) holds for it.
+// errors.Is(err, verbs.ErrNotSupported) holds for it, unless it is Temporary.
 type LibraryError struct {
 	// Msg says what failed, e.g. "ibv: dlopen libibverbs.so.1: libibverbs.so.1:
 	// cannot open shared object file: No such file or directory".
 	Msg string
+	// Temporary says that the library could not be opened for want of file
+	// descriptors or memory ("Too many open files"): a later Open tries again. Such an
+	// error matches verbs.ErrNoResources instead of verbs.ErrNotSupported.
+	Temporary bool
 }
 
 func (e *LibraryError) Error() string { return e.Msg }
 
-// Is makes errors.Is(err, verbs.ErrNotSupported) true.
-func (e *LibraryError) Is(target error) bool { return target == verbs.ErrNotSupported }
+// Is makes errors.Is(err, verbs.ErrNotSupported) true, or, for a Temporary error,
+// errors.Is(err, verbs.ErrNoResources).
+func (e *LibraryError) Is(target error) bool {
+	if e.Temporary {
+		return target == verbs.ErrNoResources
+	}
+	return target == verbs.ErrNotSupported
+}
 
 // reasonError is an error with its own text that also matches a verbs sentinel.
 type reasonError struct {

@@ -66,5 +66,11 @@ func TestErrnoOf(t *testing.T) {
 func TestLibraryError(t *testing.T) {
 	err := error(&LibraryError{Msg: "ibv: dlopen libibverbs.so.1: not found"})
 	require.ErrorIs(t, err, verbs.ErrNotSupported)
+	require.NotErrorIs(t, err, verbs.ErrNoResources)
 	require.EqualError(t, err, "ibv: dlopen libibverbs.so.1: not found")
+
+	// Out of file descriptors: it may pass, so it is not "not supported".
+	err = &LibraryError{Msg: "ibv: dlopen libibverbs.so.1: Too many open files", Temporary: true}
+	require.ErrorIs(t, err, verbs.ErrNoResources)
+	require.NotErrorIs(t, err, verbs.ErrNotSupported)
 }

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -37,6 +38,7 @@ var fakeScenarios = map[string]func(t *testing.T){
 	"no-device":  fakeNoDevice,
 	"broken-lib": fakeBrokenLib,
 	"gid-table":  fakeGIDTable,
+	"no-files":   fakeNoFiles,
 }
 
 // buildLib compiles a C file into dir/libibverbs.so.1, with the C compiler that built
@@ -88,6 +90,7 @@ func TestFakeLibibverbs(t *testing.T) {
 	t.Run("compat query_port", func(t *testing.T) { runChild(t, dir, "device", "FAKEVERBS_COMPAT=1") })
 	t.Run("GID table by ibv_query_gid_table", func(t *testing.T) { runChild(t, dir, "gid-table", "FAKEVERBS_GIDTABLE=1") })
 	t.Run("no device", func(t *testing.T) { runChild(t, dir, "no-device", "FAKEVERBS_NODEV=1") })
+	t.Run("out of file descriptors", func(t *testing.T) { runChild(t, dir, "no-files") })
 	t.Run("caller memory", func(t *testing.T) { runChild(t, dir, "user-memory") }) // usermr_rdma_test.go
 
 	// A library that lacks the functions: Open reports which, as a LibraryError.
@@ -130,6 +133,40 @@ func fakeNoDevice(t *testing.T) {
 	require.Nil(t, p)
 	require.ErrorIs(t, err, verbs.ErrNoDevice)
 	require.EqualError(t, err, "ibv: no RDMA device: libibverbs lists none")
+}
+
+// fakeNoFiles opens the library with every file descriptor of the process taken: the
+// error says so, is Temporary, and is not kept: once descriptors are free, Open loads
+// the library.
+func fakeNoFiles(t *testing.T) {
+	var lim syscall.Rlimit
+	require.NoError(t, syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim))
+	lim.Cur = min(lim.Cur, 256)
+	require.NoError(t, syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim))
+	var taken []*os.File
+	for {
+		f, err := os.Open(os.DevNull)
+		if err != nil {
+			require.ErrorIs(t, err, syscall.EMFILE)
+			break
+		}
+		taken = append(taken, f)
+	}
+	_, err := Open()
+	for _, f := range taken {
+		f.Close()
+	}
+	var le *LibraryError
+	require.ErrorAs(t, err, &le)
+	require.True(t, le.Temporary, "%v", err)
+	require.ErrorIs(t, err, verbs.ErrNoResources)
+	require.NotErrorIs(t, err, verbs.ErrNotSupported)
+	require.ErrorContains(t, err, "Too many open files")
+	t.Log(err)
+
+	p, err := Open()
+	require.NoError(t, err, "with descriptors free again")
+	require.NotNil(t, p)
 }
 
 func fakeBrokenLib(t *testing.T) {

@@ -6,12 +6,32 @@ package ibv
 #cgo CFLAGS: -D_GNU_SOURCE
 #cgo LDFLAGS: -ldl
 #include <dlfcn.h>
+#include <errno.h>
 #include <stdio.h>
+#include <string.h>
 #include "shim.h"
 
 struct rsock_ibv_syms rsock_ibv;
 
 static char rsock_ibv_err[512];
+
+// rsock_ibv_err_passing is set when the last rsock_ibv_load failed for want of file
+// descriptors or memory, which may pass: dlerror names the reason only in its text.
+static int rsock_ibv_err_passing;
+
+static int rsock_ibv_load_passing(void) { return rsock_ibv_err_passing; }
+
+// rsock_ibv_passing reports whether a dlerror message gives a reason that may pass.
+static int rsock_ibv_passing(const char *msg)
+{
+	static const int codes[] = {EMFILE, ENFILE, ENOMEM};
+	size_t i;
+
+	for (i = 0; msg != NULL && i < sizeof(codes) / sizeof(codes[0]); i++)
+		if (strstr(msg, strerror(codes[i])) != NULL)
+			return 1;
+	return 0;
+}
 
 // rsock_ibv_sym resolves name at the given symbol version into *slot. With glibc it
 // asks for the exact version (the ABI verbs.h describes); a library built without
@@ -39,15 +59,19 @@ static int rsock_ibv_sym(void *h, void *slot, const char *name, const char *vers
 }
 
 // rsock_ibv_load opens libibverbs.so.1 and resolves every function this package calls.
-// It returns NULL, or a message saying what failed. Called once (sync.Once in Go).
+// It returns NULL, or a message saying what failed, and sets rsock_ibv_err_passing.
+// Called until it succeeds or fails for a reason that cannot pass, one call at a time
+// (load in Go).
 static const char *rsock_ibv_load(void)
 {
 	const char *msg;
 	void *h;
 
+	rsock_ibv_err_passing = 0;
 	h = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL);
 	if (h == NULL) {
 		msg = dlerror();
+		rsock_ibv_err_passing = rsock_ibv_passing(msg);
 		snprintf(rsock_ibv_err, sizeof(rsock_ibv_err), "dlopen libibverbs.so.1: %s",
 			 msg != NULL ? msg : "unknown error");
 		return rsock_ibv_err;
@@ -109,9 +133,12 @@ import (
 // (build tag rdma, on Linux, with cgo).
 const Built = true
 
+// load's state: whether libibverbs is loaded, or the failure to load it, kept when it
+// cannot pass.
 var (
-	loadOnce sync.Once
-	loadErr  error
+	loadMu  sync.Mutex
+	loaded  bool
+	loadErr error
 )
 
 // sysfsRoot is where queryPort reads GID tables and describe transports and netdevs;
@@ -120,14 +147,24 @@ var sysfsRoot = DefaultSysfsRoot
 
 // load opens libibverbs once per process. The library stays loaded for the life of
 // the process: contexts may be open anywhere, and libibverbs itself dlopens its
-// device drivers.
+// device drivers. A failure is kept too (the library missing, or lacking a function),
+// unless it may pass: a process out of file descriptors cannot open the library now,
+// and a later call tries again (LibraryError.Temporary).
 func load() error {
-	loadOnce.Do(func() {
-		if msg := C.rsock_ibv_load(); msg != nil {
-			loadErr = &LibraryError{Msg: "ibv: " + C.GoString(msg)}
+	loadMu.Lock()
+	defer loadMu.Unlock()
+	if loaded || loadErr != nil {
+		return loadErr
+	}
+	if msg := C.rsock_ibv_load(); msg != nil {
+		err := &LibraryError{Msg: "ibv: " + C.GoString(msg), Temporary: C.rsock_ibv_load_passing() != 0}
+		if !err.Temporary {
+			loadErr = err
 		}
-	})
-	return loadErr
+		return err
+	}
+	loaded = true
+	return nil
 }
 
 // Open loads libibverbs.so.1 and returns the rdma-core provider. It fails with a
