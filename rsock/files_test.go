@@ -1,0 +1,116 @@
+package rsock
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// filesChildEnv, in a re-executed test binary's environment, makes it run
+// TestOutOfFiles's sweep: it lowers its own RLIMIT_NOFILE and takes every descriptor.
+const filesChildEnv = "RSOCK_FILES_CHILD"
+
+// TestOutOfFiles: a process out of file descriptors, with 0, 1, 2 … of them left
+// while it dials a Listener of its own on this host. Each connection that opens works,
+// on shared memory or, where the files ran out on the way, on TCP with a reason that
+// says so; a dial that fails says so. Once
+// the descriptors are back, a connection gets shared memory again: no failure on the
+// way was kept. It runs in a child process, whose descriptor limit it lowers.
+func TestOutOfFiles(t *testing.T) {
+	if os.Getenv(filesChildEnv) == "" {
+		args := []string{"-test.run=^TestOutOfFiles$", "-test.v", "-test.count=1"}
+		cmd := exec.Command(os.Args[0], args...)
+		cmd.Env = append(os.Environ(), filesChildEnv+"=1")
+		out, err := cmd.CombinedOutput()
+		if testing.Verbose() || err != nil {
+			t.Logf("child:\n%s", out)
+		}
+		require.NoError(t, err)
+		require.Contains(t, string(out), "--- PASS: TestOutOfFiles", "the child ran the test")
+		return
+	}
+	var lim syscall.Rlimit
+	require.NoError(t, syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim))
+	lim.Cur = min(lim.Cur, 512)
+	require.NoError(t, syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim))
+	// A short handshake: where the files ran out under the peer's proof, the client
+	// waits half of it for the proof before it falls back.
+	cfg := &Config{HandshakeTimeout: 2 * time.Second}
+	for free := range 24 {
+		outcome := outOfFilesDial(t, cfg, free)
+		t.Logf("%d free: %s", free, outcome)
+	}
+	ln := listen(t, cfg)
+	c, s := pipe(t, ln, cfg)
+	defer c.Close()
+	defer s.Close()
+	require.Equal(t, TransportSHM, c.Transport(), "with descriptors back: %v", c.FallbackReason())
+	require.Equal(t, TransportSHM, s.Transport(), "with descriptors back: %v", s.FallbackReason())
+	requireEcho(t, c, s)
+}
+
+// outOfFilesDial dials a new Listener with only free descriptors left to the process,
+// checks what it got, and says what that was.
+func outOfFilesDial(t *testing.T, cfg *Config, free int) string {
+	ln := listen(t, cfg)
+	defer ln.Close()
+	accepted := make(chan *Conn, 1)
+	go func() {
+		s, err := ln.AcceptRsock()
+		if err != nil {
+			s = nil
+		}
+		accepted <- s
+	}()
+	taken := takeFiles(t, free)
+	c, err := Dial("tcp", ln.Addr().String(), cfg)
+	for _, f := range taken {
+		f.Close()
+	}
+	if err != nil {
+		require.ErrorContains(t, err, "too many open files", "%d free", free)
+		ln.Close()
+		<-accepted
+		return "dial failed: " + err.Error()
+	}
+	defer c.Close()
+	s := <-accepted
+	require.NotNil(t, s, "%d free: the Listener accepts the dialed connection", free)
+	defer s.Close()
+	requireEcho(t, c, s)
+	for side, conn := range map[string]*Conn{"client": c, "server": s} {
+		if conn.Transport() != TransportSHM {
+			require.Error(t, conn.FallbackReason(), "%d free: %s on %s", free, side, conn.Transport())
+			why := conn.FallbackReason().Error()
+			require.True(t, strings.Contains(why, "too many open files") || strings.Contains(why, "RLIMIT_NOFILE") ||
+				strings.Contains(why, "peer offered no RDMA") || strings.Contains(why, "peer declined"),
+				"%d free: the %s's reason names the cause, or the peer's: %s", free, side, why)
+		}
+	}
+	return fmt.Sprintf("client %s (%v), server %s (%v)", c.Transport(), c.FallbackReason(), s.Transport(), s.FallbackReason())
+}
+
+// takeFiles opens /dev/null until the process is out of descriptors, then closes free
+// of them, and returns those it holds.
+func takeFiles(t *testing.T, free int) []*os.File {
+	var taken []*os.File
+	for {
+		f, err := os.Open(os.DevNull)
+		if err != nil {
+			require.ErrorIs(t, err, syscall.EMFILE)
+			break
+		}
+		taken = append(taken, f)
+	}
+	for range min(free, len(taken)) {
+		taken[len(taken)-1].Close()
+		taken = taken[:len(taken)-1]
+	}
+	return taken
+}
