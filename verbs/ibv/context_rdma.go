@@ -282,6 +282,9 @@ func pollFile(fd int, name string) (*os.File, error) {
 	}
 	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
+		if errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) {
+			return nil, fmt.Errorf("dup: %w (%w)", verbs.ErrNoResources, err)
+		}
 		return nil, fmt.Errorf("dup: %w", err)
 	}
 	f := os.NewFile(uintptr(dup), name)

@@ -106,6 +106,8 @@ func errnoKind(errno syscall.Errno, class errClass) error {
 		return verbs.ErrBusy
 	case syscall.EOPNOTSUPP, syscall.ENOSYS, syscall.EPROTONOSUPPORT:
 		return verbs.ErrNotSupported
+	case syscall.EMFILE, syscall.ENFILE: // the process or the host out of descriptors (opening a device, a channel)
+		return verbs.ErrNoResources
 	case syscall.EINVAL:
 		switch class {
 		case classCreate:

@@ -24,6 +24,8 @@ func TestErrnoError(t *testing.T) {
 		{"post send", syscall.EINVAL, classPost, "ibv: post send: invalid QP state for this operation (EINVAL)", verbs.ErrInvalidState},
 		{"modify qp 0x12 to RTR", syscall.EINVAL, classModify, "ibv: modify qp 0x12 to RTR: invalid QP state for this operation (EINVAL)", verbs.ErrInvalidState},
 		{"destroy cq", syscall.EBUSY, classDestroy, "ibv: destroy cq: resource in use (EBUSY)", verbs.ErrBusy},
+		{"open device mlx5_0", syscall.EMFILE, classCreate, "ibv: open device mlx5_0: out of resources (too many open files)", verbs.ErrNoResources},
+		{"create comp channel", syscall.ENFILE, classOther, "ibv: create comp channel: out of resources (too many open files in system)", verbs.ErrNoResources},
 		{"create cq", syscall.EOPNOTSUPP, classCreate, "ibv: create cq: operation not supported (EOPNOTSUPP)", verbs.ErrNotSupported},
 		{"query port 1 of mlx5_0", syscall.EIO, classOther, "ibv: query port 1 of mlx5_0: input/output error", nil},
 		{"alloc pd", nil, classCreate, "ibv: alloc pd: failed without an errno", nil},

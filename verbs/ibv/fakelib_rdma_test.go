@@ -137,25 +137,34 @@ func fakeNoDevice(t *testing.T) {
 
 // fakeNoFiles opens the library with every file descriptor of the process taken: the
 // error says so, is Temporary, and is not kept: once descriptors are free, Open loads
-// the library.
+// the library. Then it lists devices with every descriptor taken, which libibverbs
+// (and the double) fails with ENOSYS: the error names the process's want of files
+// and matches verbs.ErrNoResources, not verbs.ErrNoDevice; so does a descriptor that
+// cannot be duplicated for the netpoller (pollFile).
 func fakeNoFiles(t *testing.T) {
 	var lim syscall.Rlimit
 	require.NoError(t, syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim))
 	lim.Cur = min(lim.Cur, 256)
 	require.NoError(t, syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim))
-	var taken []*os.File
-	for {
-		f, err := os.Open(os.DevNull)
-		if err != nil {
-			require.ErrorIs(t, err, syscall.EMFILE)
-			break
+	take := func() (release func()) {
+		var taken []*os.File
+		for {
+			f, err := os.Open(os.DevNull)
+			if err != nil {
+				require.ErrorIs(t, err, syscall.EMFILE)
+				break
+			}
+			taken = append(taken, f)
 		}
-		taken = append(taken, f)
+		return func() {
+			for _, f := range taken {
+				f.Close()
+			}
+		}
 	}
+	release := take()
 	_, err := Open()
-	for _, f := range taken {
-		f.Close()
-	}
+	release()
 	var le *LibraryError
 	require.ErrorAs(t, err, &le)
 	require.True(t, le.Temporary, "%v", err)
@@ -167,6 +176,27 @@ func fakeNoFiles(t *testing.T) {
 	p, err := Open()
 	require.NoError(t, err, "with descriptors free again")
 	require.NotNil(t, p)
+
+	release = take()
+	_, err = Open()
+	release()
+	require.ErrorIs(t, err, syscall.EMFILE)
+	require.ErrorIs(t, err, verbs.ErrNoResources)
+	require.NotErrorIs(t, err, verbs.ErrNoDevice, "the kernel has RDMA support: the process is out of files")
+	t.Log(err)
+	_, err = Open()
+	require.NoError(t, err, "with descriptors free again")
+
+	// A channel's or context's descriptor that cannot be duplicated for the netpoller.
+	var fds [2]int
+	require.NoError(t, syscall.Pipe2(fds[:], syscall.O_CLOEXEC))
+	defer syscall.Close(fds[0])
+	defer syscall.Close(fds[1])
+	release = take()
+	_, err = pollFile(fds[0], "pipe")
+	release()
+	require.ErrorIs(t, err, syscall.EMFILE)
+	require.ErrorIs(t, err, verbs.ErrNoResources)
 }
 
 func fakeBrokenLib(t *testing.T) {

@@ -121,6 +121,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"slices"
 	"sync"
 	"syscall"
@@ -255,6 +256,9 @@ func getDeviceList() (**C.struct_ibv_device, int, error) {
 		if err == nil {
 			err = syscall.ENODEV
 		}
+		if files := outOfFiles(); files != nil {
+			return nil, 0, fmt.Errorf("ibv: %w: ibv_get_device_list: %w (libibverbs said %v)", verbs.ErrNoResources, files, err)
+		}
 		reason := ""
 		if errors.Is(err, syscall.ENOSYS) {
 			reason = " (no kernel RDMA support)"
@@ -262,6 +266,23 @@ func getDeviceList() (**C.struct_ibv_device, int, error) {
 		return nil, 0, fmt.Errorf("ibv: %w: ibv_get_device_list: %w%s", verbs.ErrNoDevice, err, reason)
 	}
 	return list, int(n), nil
+}
+
+// outOfFiles returns EMFILE or ENFILE when the process cannot open a file now, else
+// nil. libibverbs lists devices from sysfs, and a process out of descriptors gets
+// ENOSYS from ibv_get_device_list, as if the kernel had no RDMA support (Debian 12's
+// rdma-core, in the CI's VM): a failed listing asks, so that its error says what happened, and
+// matches verbs.ErrNoResources rather than verbs.ErrNoDevice.
+func outOfFiles() error {
+	fd, err := syscall.Open(os.DevNull, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
+			return err
+		}
+		return nil
+	}
+	syscall.Close(fd)
+	return nil
 }
 
 func deviceNames() ([]string, error) {

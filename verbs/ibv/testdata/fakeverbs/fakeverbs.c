@@ -19,6 +19,8 @@
 //   - a successful *_WITH_IMM send completion carries ntohl(imm_data) in vendor_err,
 //     so a test can see the immediate left Go in network byte order;
 //   - FAKEVERBS_NODEV=1 makes ibv_get_device_list return no device;
+//   - ibv_get_device_list fails with ENOSYS in a process out of file descriptors, as
+//     libibverbs does;
 //   - FAKEVERBS_COMPAT=1 opens a context without the extended ops, so that
 //     ibv_query_port goes through the exported compat function;
 //   - _ibv_query_gid_table fails with EOPNOTSUPP (as on a kernel without the ioctl),
@@ -123,11 +125,21 @@ static struct fake_ctx *ctx_of(struct ibv_context *c)
 struct ibv_device **ibv_get_device_list(int *num)
 {
 	struct ibv_device **list = calloc(2, sizeof(*list));
+	int fd;
 
 	if (list == NULL) {
 		errno = ENOMEM;
 		return NULL;
 	}
+	// libibverbs lists devices from sysfs, and a process out of descriptors gets NULL
+	// with ENOSYS from it, as if the kernel had no RDMA support (seen with Debian 12's rdma-core).
+	fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		free(list);
+		errno = ENOSYS;
+		return NULL;
+	}
+	close(fd);
 	strcpy(fake_dev.name, "fake0");
 	strcpy(fake_dev.dev_name, "uverbs0");
 	fake_dev.node_type = IBV_NODE_CA;
