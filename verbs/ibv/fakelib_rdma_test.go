@@ -19,6 +19,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/rsockio/rsock/internal/testfiles"
 	"github.com/rsockio/rsock/verbs"
 )
 
@@ -142,26 +143,8 @@ func fakeNoDevice(t *testing.T) {
 // and matches verbs.ErrNoResources, not verbs.ErrNoDevice; so does a descriptor that
 // cannot be duplicated for the netpoller (pollFile).
 func fakeNoFiles(t *testing.T) {
-	var lim syscall.Rlimit
-	require.NoError(t, syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim))
-	lim.Cur = min(lim.Cur, 256)
-	require.NoError(t, syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim))
-	take := func() (release func()) {
-		var taken []*os.File
-		for {
-			f, err := os.Open(os.DevNull)
-			if err != nil {
-				require.ErrorIs(t, err, syscall.EMFILE)
-				break
-			}
-			taken = append(taken, f)
-		}
-		return func() {
-			for _, f := range taken {
-				f.Close()
-			}
-		}
-	}
+	testfiles.Limit(t, 256)
+	take := func() func() { return testfiles.Take(t, 0) }
 	release := take()
 	_, err := Open()
 	release()
