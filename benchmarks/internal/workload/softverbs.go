@@ -3,6 +3,8 @@ package workload
 import (
 	"errors"
 	"fmt"
+	"runtime"
+	"sync/atomic"
 	"time"
 
 	"github.com/rsockio/rsock/verbs"
@@ -200,23 +202,21 @@ func softStream(ctl Control, env *Env, size int, copies bool) (_ Metrics, err er
 // softPingPong sends a size-byte write-with-immediate from one QP to the other and the
 // answer back, one goroutine driving both sides in turn as BenchmarkSoftVerbs's
 // PingPong64BOneGoroutine does: the provider's own round-trip cost, without the hand-off
-// between goroutines (or cores) that a two-party exchange adds. (Its two-goroutine
-// PingPong64B, each side spinning on its CQ, measures on a loaded machine mostly how
-// long the OS keeps a spinning thread off the CPU.) Each message lands at the start of
-// a ring that holds it, 64 KiB at least.
+// between goroutines (or cores) that a two-party exchange adds. Each message lands at
+// the start of a ring that holds it, 64 KiB at least.
 //
-// With copies (SoftVerbs3Copy), each hop also copies the message from an application
-// buffer into the sender's registered source region before posting it, and out of the
-// receiver's ring into an application buffer after reaping it, as a socket must.
+// With copies (SoftVerbs3Copy), it is the exchange a socket must make instead
+// (softPingPongEcho): two parties, each copying every message from an application
+// buffer into its registered source region before posting it, and out of its ring into
+// an application buffer after reaping it.
 func softPingPong(ctl Control, env *Env, size int, copies bool) (_ Metrics, err error) {
 	x, y, closePair, err := NewSoftPair(env.fabric, size, max(size, 1<<16))
 	if err != nil {
 		return Metrics{}, err
 	}
 	defer func() { err = errors.Join(err, closePair()) }()
-	var app []byte
 	if copies {
-		app = make([]byte, size)
+		return softPingPongEcho(ctl, x, y, size)
 	}
 	flags := verbs.SendFlags(0)
 	if size <= 64 {
@@ -234,9 +234,6 @@ func softPingPong(ctl Control, env *Env, size int, copies bool) (_ Metrics, err 
 	wc := make([]verbs.WorkCompletion, 1)
 	// hop moves one message: post it on from, reap it on to's receive CQ, repost there.
 	hop := func(wr []verbs.SendWR, from, to *SoftEndpoint, i int) error {
-		if copies {
-			copy(from.Src.Bytes(), app)
-		}
 		wr[0].ID, wr[0].Imm, wr[0].Flags = uint64(i), uint32(i), flags
 		if i%SoftSignalEvery == SoftSignalEvery-1 {
 			wr[0].Flags |= verbs.SendSignaled
@@ -246,9 +243,6 @@ func softPingPong(ctl Control, env *Env, size int, copies bool) (_ Metrics, err 
 		}
 		if n, err := to.RCQ.Poll(wc); err != nil || n != 1 || wc[0].Status != verbs.WCSuccess || wc[0].Imm != uint32(i) {
 			return fmt.Errorf("receive %d: %d %v %+v", i, n, err, wc[0])
-		}
-		if copies {
-			copy(app, to.Ring.Bytes()[:wc[0].ByteLen])
 		}
 		repost[0].ID = wc[0].WRID
 		if err := to.QP.PostRecv(repost); err != nil {
@@ -271,6 +265,147 @@ func softPingPong(ctl Control, env *Env, size int, copies bool) (_ Metrics, err 
 		rec.add(time.Since(start))
 	}
 	return Metrics{BytesPerOp: 2 * int64(size), Latency: rec.percentiles()}, nil
+}
+
+// softPingPongEcho is SoftVerbs3Copy's ping-pong: the least a socket's round trip can
+// cost on soft. x pings from the caller's goroutine and y answers from its own, each
+// spinning on its receive CQ (a Gosched every softSpinYield empty polls, so that
+// neither starves the other on one processor), and each copies every message in from
+// and out to an application buffer, as BenchmarkSoftVerbs's two-goroutine PingPong64B
+// does without the copies. Next to SoftVerbs, the ratio is what the copies and the
+// hand-off between two goroutines (two cores, when there are two) cost; next to it,
+// RsockRDMA's ratio is the socket layer's own.
+func softPingPongEcho(ctl Control, x, y *SoftEndpoint, size int) (_ Metrics, err error) {
+	var stop atomic.Bool
+	echoed := make(chan error, 1)
+	go func() { echoed <- softEcho(y, x, size, &stop) }()
+	defer func() {
+		stop.Store(true)
+		if echoErr := <-echoed; echoErr != nil {
+			err = errors.Join(err, fmt.Errorf("echo: %w", echoErr))
+		}
+	}()
+	ping := newSoftHop(x, y, size)
+	rec := newRecorder()
+	for i := 0; ctl.Next(); i++ {
+		start := time.Now()
+		if err := ping.send(i); err != nil {
+			return Metrics{}, err
+		}
+		imm, err := ping.receive(&stop)
+		if err != nil {
+			return Metrics{}, err // with the echo's failure, when it stopped
+		}
+		if imm != uint32(i) {
+			return Metrics{}, fmt.Errorf("answer %d: immediate %d", i, imm)
+		}
+		rec.add(time.Since(start))
+	}
+	return Metrics{BytesPerOp: 2 * int64(size), Latency: rec.percentiles()}, nil
+}
+
+// softEcho is softPingPongEcho's second party: it answers every message e receives
+// with one of the same size and immediate, until stop is set. When it fails, it sets
+// stop itself, so that the pinging party does not wait for an answer forever.
+func softEcho(e, peer *SoftEndpoint, size int, stop *atomic.Bool) error {
+	h := newSoftHop(e, peer, size)
+	for i := 0; ; i++ {
+		imm, err := h.receive(stop)
+		if errors.Is(err, errSoftStopped) {
+			return nil
+		}
+		if err == nil {
+			err = h.sendImm(i, imm)
+		}
+		if err != nil {
+			stop.Store(true)
+			return err
+		}
+	}
+}
+
+// softSpinYield is how many empty polls a softHop's receive makes between Goscheds.
+const softSpinYield = 1024
+
+// errSoftStopped is a softHop's receive's when stop was set while it waited.
+var errSoftStopped = errors.New("stopped")
+
+// softHop is one party of softPingPongEcho: the messages it sends from its
+// application buffer to peer, and those it receives into it.
+type softHop struct {
+	e      *SoftEndpoint
+	app    []byte // the application's buffer: copied into Src to send, out of Ring on receipt
+	wr     []verbs.SendWR
+	repost []verbs.RecvWR
+	wc     []verbs.WorkCompletion
+}
+
+func newSoftHop(e, peer *SoftEndpoint, size int) *softHop {
+	flags := verbs.SendFlags(0)
+	if size <= 64 {
+		flags = verbs.SendInline
+	}
+	return &softHop{
+		e:   e,
+		app: make([]byte, size),
+		wr: []verbs.SendWR{{
+			Opcode: verbs.OpRDMAWriteWithImm, Flags: flags,
+			SGL:        []verbs.SGE{{Addr: e.Src.Addr(), Length: uint32(size), LKey: e.Src.LKey()}},
+			RemoteAddr: peer.Ring.Addr(), RKey: peer.Ring.RKey(),
+		}},
+		repost: []verbs.RecvWR{{}},
+		wc:     make([]verbs.WorkCompletion, 1),
+	}
+}
+
+func (h *softHop) send(i int) error { return h.sendImm(i, uint32(i)) }
+
+// sendImm copies the application's buffer into the source region and posts it, the
+// i-th message, with immediate imm; every SoftSignalEvery-th is signaled and reaped.
+func (h *softHop) sendImm(i int, imm uint32) error {
+	copy(h.e.Src.Bytes(), h.app)
+	flags := h.wr[0].Flags &^ verbs.SendSignaled
+	if i%SoftSignalEvery == SoftSignalEvery-1 {
+		flags |= verbs.SendSignaled
+	}
+	h.wr[0].ID, h.wr[0].Imm, h.wr[0].Flags = uint64(i), imm, flags
+	if err := h.e.QP.PostSend(h.wr); err != nil {
+		return fmt.Errorf("post %d: %w", i, err)
+	}
+	if flags&verbs.SendSignaled != 0 {
+		return ReapSignaled(h.e.SCQ, h.wc)
+	}
+	return nil
+}
+
+// receive spins until a message arrives (or stop is set), copies it out of the ring
+// into the application's buffer, reposts its WQE and returns its immediate.
+func (h *softHop) receive(stop *atomic.Bool) (uint32, error) {
+	for spins := 1; ; spins++ {
+		n, err := h.e.RCQ.Poll(h.wc)
+		if err != nil {
+			return 0, fmt.Errorf("poll: %w", err)
+		}
+		if n == 1 {
+			break
+		}
+		if spins%softSpinYield == 0 {
+			if stop.Load() {
+				return 0, errSoftStopped
+			}
+			runtime.Gosched()
+		}
+	}
+	c := h.wc[0]
+	if c.Status != verbs.WCSuccess {
+		return 0, fmt.Errorf("receive: %+v", c)
+	}
+	copy(h.app, h.e.Ring.Bytes()[:c.ByteLen])
+	h.repost[0].ID = c.WRID
+	if err := h.e.QP.PostRecv(h.repost); err != nil {
+		return 0, fmt.Errorf("repost: %w", err)
+	}
+	return c.Imm, nil
 }
 
 // ReapSignaled polls, into wc, the one signaled send completion that frees the last

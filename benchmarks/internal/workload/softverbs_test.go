@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rsockio/rsock/verbs"
 	"github.com/stretchr/testify/require"
 )
 
@@ -34,5 +35,41 @@ func TestSoftVerbsWorkloads(t *testing.T) {
 				})
 			}
 		}
+	}
+}
+
+// TestSoftPingPongEchoFails checks that SoftVerbs3Copy's ping-pong ends with the echo's
+// error, rather than waiting for an answer forever, when the echo cannot answer.
+func TestSoftPingPongEchoFails(t *testing.T) {
+	tr, ok := Lookup(SoftVerbs3Copy)
+	require.True(t, ok)
+	env, err := Start(tr, Options{})
+	require.NoError(t, err)
+	defer env.Close()
+	for _, c := range []struct {
+		name   string
+		broken func(x, y *SoftEndpoint) verbs.MR
+		want   error // besides the echo's failure
+	}{
+		// The pinging side's ring is gone: the first answer fails with a remote access
+		// error, which puts both QPs in error, and each party's receive is flushed.
+		{"ping's ring", func(x, y *SoftEndpoint) verbs.MR { return x.Ring }, nil},
+		// The echo's source region is gone: its first answer fails locally, its QP
+		// alone goes to error, and the pinging party, whose QP is well, is stopped.
+		{"echo's source", func(x, y *SoftEndpoint) verbs.MR { return y.Src }, errSoftStopped},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			const size = 4 << 10 // not inline: the source region is read
+			x, y, closePair, err := NewSoftPair(env.fabric, size, 1<<16)
+			require.NoError(t, err)
+			defer closePair() // closes the broken region a second time: not this test's error
+			require.NoError(t, c.broken(x, y).Close())
+
+			_, err = softPingPongEcho(&Timed{Duration: time.Hour, MaxOps: 10}, x, y, size)
+			require.ErrorContains(t, err, "echo: ")
+			if c.want != nil {
+				require.ErrorIs(t, err, c.want)
+			}
+		})
 	}
 }
