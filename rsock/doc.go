@@ -132,6 +132,14 @@
 // ring: a write aimed at another connection's ring, with its rkey, fails with a remote
 // access error and ends the writer's connection.
 //
+// Connections map memory (rings, staging buffers, queues; about nine mappings per
+// same-host connection with both ends in one process), and Linux refuses a process
+// more than vm.max_map_count mappings (65,530 by default), past which the Go runtime's
+// own next mmap fails and the process dies. rsock's providers therefore take at most
+// half of vm.max_map_count; a connection past that falls back to TCP with a reason
+// matching [ErrResourcesExhausted] that names vm.max_map_count. Raise the sysctl for a
+// process that holds many thousands of connections on shared memory or RDMA.
+//
 // A Listener logs through [Config.Logger]; without one, WARN and above go to
 // [log/slog.Default], so that a server refusing clients that speak no rsock (curl, a
 // stock http.Client, without [Config.AcceptPlainClients]) says so and how to serve them.

@@ -12,9 +12,11 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/rsockio/rsock/internal/vma"
 	"github.com/rsockio/rsock/rsock/internal/rdma"
 	"github.com/rsockio/rsock/verbs"
 	"github.com/rsockio/rsock/verbs/auto"
@@ -259,4 +261,97 @@ func TestSHMOutOfFiles(t *testing.T) {
 	require.ErrorContains(t, c.FallbackReason(), "dial QP")
 	require.ErrorIs(t, s.FallbackReason(), ErrPathUnproven)
 	requireEcho(t, c, s)
+}
+
+// TestSHMMappingLimit sweeps rsock's share of the process's memory mappings
+// (internal/vma: half of vm.max_map_count, lowered here to what it holds plus k, as a
+// test cannot lower the sysctl for its process alone) through every point of a
+// same-host connection's setup. Past the share, the Go runtime's own next mmap could
+// be refused and the process die, so the provider is refused first: every connection
+// carries bytes, on shared memory or on TCP with a reason that says so, none fails
+// once it is up (a QP's connections map the peer's ring and their channels only after
+// the upgrade: a refusal then failed the stream), and every mapping is given back.
+func TestSHMMappingLimit(t *testing.T) {
+	rdma.CloseIdle(nil)
+	start := vma.Held()
+	cfg := &Config{HandshakeTimeout: 2 * time.Second}
+	ln := listen(t, cfg)
+	c, s := pipe(t, ln, cfg)
+	require.Equal(t, TransportSHM, c.Transport(), "client: %v", c.FallbackReason())
+	requireEcho(t, c, s)
+	c.Close()
+	s.Close()
+
+	base := vma.Held()
+	var shm, tcp int
+	for k := range int64(16) {
+		t.Run(fmt.Sprint(k), func(t *testing.T) {
+			defer vma.SetBudget(base + k)()
+			c, s := pipe(t, ln, cfg)
+			defer c.Close()
+			defer s.Close()
+			requireEcho(t, c, s)
+			require.Equal(t, c.Transport(), s.Transport())
+			if c.Transport() == TransportSHM {
+				shm++
+				return
+			}
+			tcp++
+			require.Equal(t, TransportTCP, c.Transport())
+			// The side refused says why; its peer hears that it offered none, or
+			// declined for want of resources.
+			refused := func(reason error) bool {
+				return errors.Is(reason, ErrResourcesExhausted) && errors.Is(reason, verbs.ErrNoResources) &&
+					strings.Contains(reason.Error(), "vm.max_map_count")
+			}
+			cr, sr := c.FallbackReason(), s.FallbackReason()
+			require.True(t, refused(cr) || refused(sr), "client: %v; server: %v", cr, sr)
+			for _, reason := range []error{cr, sr} {
+				require.True(t, refused(reason) || errors.Is(reason, ErrPeerOfferedNone) ||
+					errors.Is(reason, ErrResourcesExhausted) && errors.Is(reason, ErrPeerDeclined), "%v", reason)
+			}
+		})
+	}
+	require.Positive(t, shm, "connections on shared memory")
+	require.Positive(t, tcp, "connections refused shared memory")
+
+	ln.Close()
+	require.Eventually(t, func() bool {
+		rdma.CloseIdle(nil)
+		return vma.Held() == start
+	}, 30*time.Second, time.Millisecond, "mappings given back: %d held, %d before", vma.Held(), start)
+}
+
+// TestSHMRingGrowthUnmapsOld streams over a same-host connection whose ring grows from
+// 8 KiB to 4 MiB, five rings in turn. The writer maps each ring of its peer's as it
+// moves to it, and must let go of the one before: kept, every ring the peer had left
+// behind stayed mapped in the writer's process, a mapping each and the ring's memory
+// with it (2.7 MiB here), until the connection closed.
+func TestSHMRingGrowthUnmapsOld(t *testing.T) {
+	cfg := &Config{RingSize: 8 << 10, GrowRingTo: 4 << 20}
+	ln := listen(t, cfg)
+	c, s := pipe(t, ln, cfg)
+	defer c.Close()
+	defer s.Close()
+	require.Equal(t, TransportSHM, c.Transport(), "client: %v", c.FallbackReason())
+	requireEcho(t, c, s)
+	before := vma.Held()
+
+	const writes, size = 400, 256 << 10
+	wrote := make(chan error, 1)
+	go func() {
+		buf := make([]byte, size)
+		for range writes {
+			if _, err := c.Write(buf); err != nil {
+				wrote <- err
+				return
+			}
+		}
+		wrote <- nil
+	}()
+	_, err := io.CopyN(io.Discard, s, writes*size)
+	require.NoError(t, err)
+	require.NoError(t, <-wrote)
+	require.Equal(t, 4<<20, s.Stats().RingSize, "the ring grew")
+	require.Equal(t, before, vma.Held(), "mappings held after the ring grew: the old rings are unmapped")
 }

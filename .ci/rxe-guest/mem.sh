@@ -11,7 +11,19 @@
 # 4 KiB grow to 64 KiB under a stream (flowctl's resize and switch, the new ring's
 # description through the peer's mailbox), both ways at once, every byte checked, the
 # replaced rings deregistered.
+#
+# mem_max_map_count: rsock's TestMaxMapCount, allowed to change a sysctl
+# (RSOCK_TEST_SYSCTL=1: nothing else runs in the VM meanwhile). It lowers
+# vm.max_map_count to some 1,500 above the process's own mappings and opens several
+# times the connections rsock's share of it (half) holds, on shared memory and on
+# rdma-core, keeping them open: the process must live (past the limit the Go
+# runtime's own mmap is refused, a fatal error), every connection echo, and those past
+# the share fall back naming vm.max_map_count.
 mem_steps() {
   go_step mem_memlock rsock rsock '^TestMemlockFallback$'
   go_step mem_ring_growth rsock/internal/rdma rdma '^TestRingGrows$'
+  (
+    export RSOCK_TEST_SYSCTL=1
+    go_step mem_max_map_count rsock rsock '^TestMaxMapCount$'
+  )
 }

@@ -18,6 +18,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/rsockio/rsock/internal/vma"
 	"github.com/rsockio/rsock/verbs"
 )
 
@@ -274,8 +275,12 @@ func (ctx *devContext) CreateCQ(cqe int, ch verbs.CompChannel, vector int) (verb
 		ctx.removeChild()
 		return nil, err
 	}
+	if err := vma.Reserve(cqMappings); err != nil {
+		return fail(fmt.Errorf("ibv: create cq: %w", err))
+	}
 	ibcq, err := C.rsock_create_cq(ctx.c, C.int(cqe), cch, C.int(vector))
 	if ibcq == nil {
+		vma.Release(cqMappings)
 		return fail(errnoError(fmt.Sprintf("create cq of %d entries", cqe), err, classCreate))
 	}
 	size := int(C.rsock_cq_size(ibcq))
@@ -288,6 +293,7 @@ func (ctx *devContext) CreateCQ(cqe int, ch verbs.CompChannel, vector int) (verb
 		C.free(unsafe.Pointer(wc))
 		C.free(unsafe.Pointer(out))
 		C.rsock_destroy_cq(ibcq)
+		vma.Release(cqMappings)
 		return fail(fmt.Errorf("ibv: create cq: %w", verbs.ErrNoResources))
 	}
 	sc.cq, sc.max, sc.wc, sc.out = ibcq, C.int(n), wc, out
@@ -440,6 +446,7 @@ func (c *cq) Close() error {
 		return errnoError("destroy cq", errnoOf(int(rc), err), classDestroy)
 	}
 	c.closed = true
+	vma.Release(cqMappings)
 	c.ctx.unregisterCQ(c.key, c)
 	C.free(unsafe.Pointer(c.c.wc))
 	C.free(unsafe.Pointer(c.c.out))

@@ -16,7 +16,21 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/rsockio/rsock/internal/vma"
 	"github.com/rsockio/rsock/verbs"
+)
+
+// The memory mappings a region, a QP and a CQ count against rsock's share of the
+// process's limit (vm.max_map_count; internal/vma), so that registrations and
+// queues are refused, and connections fall back, before the Go runtime's own next mmap
+// is: a region is one mapping of ours; a QP's send and receive queues and a CQ's
+// entries are mapped by some providers (rxe maps each from the kernel), so a QP counts
+// two and a CQ one. TestMappingsCounted checks them against /proc/self/maps on the
+// device the tests run on.
+const (
+	mrMappings = 1
+	qpMappings = 2
+	cqMappings = 1
 )
 
 // pd implements verbs.PD over an ibv_pd.
@@ -88,18 +102,26 @@ func (p *pd) RegMR(length int, access verbs.AccessFlags) (verbs.MR, error) {
 	defer p.release()
 	page := os.Getpagesize()
 	size := (length + page - 1) / page * page
+	if err := vma.Reserve(mrMappings); err != nil {
+		return nil, fmt.Errorf("ibv: reg mr of %d bytes: %w", length, err)
+	}
 	mem, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
+		vma.Release(mrMappings)
 		return nil, errnoError(fmt.Sprintf("reg mr: mmap %d bytes", size), err, classCreate)
 	}
-	if err := unix.Madvise(mem, unix.MADV_DONTFORK); err != nil {
+	unmap := func() {
 		unix.Munmap(mem)
+		vma.Release(mrMappings)
+	}
+	if err := unix.Madvise(mem, unix.MADV_DONTFORK); err != nil {
+		unmap()
 		return nil, fmt.Errorf("ibv: reg mr: madvise(MADV_DONTFORK): %w", err)
 	}
 	// mem is mmap'ed, not Go memory: libibverbs may keep its address.
 	r, err := C.rsock_reg_mr(p.pd, unsafe.Pointer(&mem[0]), C.size_t(length), C.int(access))
 	if r == nil {
-		unix.Munmap(mem)
+		unmap()
 		return nil, errnoError(fmt.Sprintf("reg mr of %d bytes", length), err, classCreate)
 	}
 	return &mr{
@@ -158,5 +180,6 @@ func (m *mr) Close() error {
 		return fmt.Errorf("ibv: dereg mr: munmap: %w", err)
 	}
 	m.mem = nil
+	vma.Release(mrMappings)
 	return nil
 }

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"unsafe"
 
+	"github.com/rsockio/rsock/internal/vma"
 	"github.com/rsockio/rsock/verbs"
 )
 
@@ -64,8 +65,12 @@ func (p *pd) CreateQP(attr verbs.QPInitAttr) (verbs.QP, error) {
 	if attr.SignalAll {
 		ia.sq_sig_all = 1
 	}
+	if err := vma.Reserve(qpMappings); err != nil {
+		return nil, fmt.Errorf("ibv: create qp: %w", err)
+	}
 	ibqp, err := C.rsock_create_qp(p.pd, &ia)
 	if ibqp == nil {
+		vma.Release(qpMappings)
 		return nil, errnoError("create qp", err, classCreate)
 	}
 	// ibv_create_qp(3) wrote the capacities it granted (>= those asked for) into ia.cap.
@@ -80,6 +85,7 @@ func (p *pd) CreateQP(attr verbs.QPInitAttr) (verbs.QP, error) {
 	if !q.allocQueues() {
 		q.freeQueues()
 		C.rsock_destroy_qp(ibqp)
+		vma.Release(qpMappings)
 		return nil, fmt.Errorf("ibv: create qp: %w", verbs.ErrNoResources)
 	}
 	p.ctx.registerQP(q)
@@ -355,5 +361,6 @@ func (q *qp) Close() error {
 	q.closed.Store(true)
 	q.ctx.unregisterQP(q.key, q)
 	q.freeQueues()
+	vma.Release(qpMappings)
 	return nil
 }

@@ -37,12 +37,12 @@ func BenchmarkBoundRing(b *testing.B) {
 
 // benchRing streams b.N writes of boundWrite bytes through a ring of ringSize bytes.
 func benchRing(b *testing.B, ringSize int) {
-	fd, mem, err := newSharedMemory(page + ringSize)
+	fd, mem, err := newSharedMemory(page+ringSize, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer closeFD(fd)
-	defer unmap(mem)
+	defer unmap(mem, nil)
 	prod := (*atomic.Uint64)(unsafe.Pointer(&mem[0]))
 	cons := (*atomic.Uint64)(unsafe.Pointer(&mem[64]))
 	ring := mem[page : page+ringSize]

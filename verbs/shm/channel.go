@@ -62,40 +62,41 @@ var errChannel = errors.New("shm: channel broken by the peer")
 
 // channel is one side's view of a mapped channel.
 type channel struct {
-	mem []byte // the whole mapping
+	mem   []byte    // the whole mapping
+	quota *mapQuota // what the mapping is counted against (mapquota.go)
 }
 
-// newChannelMemory creates a sealed memfd for a channel and maps it, the responder
-// marked as sleeping so that the first request rings the doorbell.
-func newChannelMemory() (int, *channel, error) {
-	fd, mem, err := newSharedMemory(chanSize)
+// newChannelMemory creates a sealed memfd for a channel and maps it, counted against
+// quota, the responder marked as sleeping so that the first request rings the doorbell.
+func newChannelMemory(quota *mapQuota) (int, *channel, error) {
+	fd, mem, err := newSharedMemory(chanSize, quota)
 	if err != nil {
 		return -1, nil, fmt.Errorf("shm: channel: %w", err)
 	}
-	ch := &channel{mem: mem[:chanSize:chanSize]}
+	ch := &channel{mem: mem[:chanSize:chanSize], quota: quota}
 	atomic.StoreUint32(ch.word32(offRespSleep), 1)
 	return fd, ch, nil
 }
 
 // mapChannel maps the channel memfd a requester passed, after the checks of
-// mapPeerRegion (sealed, large enough); it consumes fd.
-func mapChannel(fd int) (*channel, error) {
-	mem, writable, err := mapPeerRegion(fd, chanSize)
+// mapPeerRegion (sealed, large enough), counted against quota; it consumes fd.
+func mapChannel(fd int, quota *mapQuota) (*channel, error) {
+	mem, writable, err := mapPeerRegion(fd, chanSize, quota)
 	if err != nil {
 		return nil, err
 	}
 	if !writable {
-		unmap(mem)
+		unmap(mem, quota)
 		return nil, fmt.Errorf("%w: read-only channel", errMalformed)
 	}
-	return &channel{mem: mem}, nil
+	return &channel{mem: mem, quota: quota}, nil
 }
 
 func (ch *channel) word64(off int) *uint64 { return (*uint64)(unsafe.Pointer(&ch.mem[off])) }
 func (ch *channel) word32(off int) *uint32 { return (*uint32)(unsafe.Pointer(&ch.mem[off])) }
 
 // unmap releases the mapping; nothing may use the channel afterwards.
-func (ch *channel) unmap() { unmap(ch.mem) }
+func (ch *channel) unmap() { unmap(ch.mem, ch.quota) }
 
 // ring is one direction of a channel as its producer or its consumer sees it.
 type ring struct {

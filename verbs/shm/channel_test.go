@@ -123,7 +123,7 @@ func TestMapChannel(t *testing.T) {
 		ok   bool
 	}{
 		{"Channel", func(t *testing.T) int {
-			fd, ch, err := newChannelMemory()
+			fd, ch, err := newChannelMemory(nil)
 			require.NoError(t, err)
 			ch.unmap()
 			return fd
@@ -140,7 +140,7 @@ func TestMapChannel(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ch, err := mapChannel(tt.fd(t))
+			ch, err := mapChannel(tt.fd(t), nil)
 			if !tt.ok {
 				require.Error(t, err)
 				return

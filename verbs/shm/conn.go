@@ -86,7 +86,7 @@ func dialPeer(q *QP) (*peerConn, error) {
 		c.Close()
 		return nil, err
 	}
-	fd, ch, err := newChannelMemory()
+	fd, ch, err := newChannelMemory(&q.maps)
 	if err != nil {
 		c.Close()
 		return nil, err
@@ -158,14 +158,14 @@ func sendMsg(c *net.UnixConn, b []byte, fd int) error {
 // region returns the mapped region of the destination whose key is rkey, or nil.
 func (pc *peerConn) region(rkey uint32) *peerRegion { return pc.regions[rkey] }
 
-// addRegion maps the region m describes from descriptor fd, which it consumes.
+// addRegion maps the region m describes from descriptor fd, which it consumes, in place
+// of any region mapped before (mapquota.go): a WR that names an older one again asks for
+// it again.
 func (pc *peerConn) addRegion(m *msg, fd int) error {
-	mem, writable, err := mapPeerRegion(fd, m.size)
+	pc.forgetRegions()
+	mem, writable, err := mapPeerRegion(fd, m.size, &pc.q.maps)
 	if err != nil {
 		return err
-	}
-	if old := pc.regions[m.rkey]; old != nil {
-		unmap(old.mem)
 	}
 	pc.regions[m.rkey] = &peerRegion{addr: m.addr, mem: mem, writable: writable && m.access&uint32(verbs.AccessRemoteWrite) != 0,
 		readable: m.access&uint32(verbs.AccessRemoteRead) != 0}
@@ -182,7 +182,7 @@ func (pc *peerConn) fail(error) {
 // forgetRegions unmaps the regions, to be asked for again.
 func (pc *peerConn) forgetRegions() {
 	for k, r := range pc.regions {
-		unmap(r.mem)
+		unmap(r.mem, &pc.q.maps)
 		delete(pc.regions, k)
 	}
 }
@@ -195,12 +195,6 @@ func (pc *peerConn) close() {
 		pc.endLease()
 		pc.forgetRegions()
 	})
-}
-
-func unmap(mem []byte) {
-	if cap(mem) > 0 {
-		unix.Munmap(mem[:cap(mem)])
-	}
 }
 
 // readLoop reads the responses of the destination QP from the channel, when no Poll
@@ -410,7 +404,7 @@ func (q *QP) serve(c *net.UnixConn) {
 		return
 	}
 	src := requester{gid: m.srcGID, qpn: m.srcQPN}
-	ch, err := mapChannel(fds[0])
+	ch, err := mapChannel(fds[0], &q.maps)
 	if err != nil {
 		return
 	}

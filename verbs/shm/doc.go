@@ -98,8 +98,20 @@
 // accept of a peer's connection fails keeps accepting after a pause (5 ms, doubling to
 // 1 s), so the peer's retransmissions are answered once descriptors are free.
 //
+// # Memory mappings
+//
+// Every mapping (a region's memory, a channel at either end, a peer's region) counts
+// against rsock's share of the process's vm.max_map_count (internal/vma), past which
+// the Go runtime's own mmap would be refused. A QP reserves the three its connections
+// make (mapquota.go), so CreateQP is refused, not a connection already up, and keeps at
+// most one of its peer's regions mapped: a WR naming another asks for it anew, and the
+// one it replaces is unmapped, with the memory the peer had already let go of.
+//
 // # Deviations from hardware
 //
+//   - A region the owner deregistered stays writable to a requester that mapped it,
+//     until that requester maps another region of the same peer or reconnects; on
+//     hardware the rkey fails at once.
 //   - The payload of an RDMA WRITE lands when the requester places the request, which
 //     may be before the responder executes the requests ahead of it: a request that an
 //     RNR NAK or a loss ahead of it sends again writes the same bytes twice, and one

@@ -151,7 +151,7 @@ func TestHostileRequester(t *testing.T) {
 	write := (&msg{kind: msgRequest, op: opWrite, rkey: b.mr.RKey(), length: 8, addr: b.mr.Addr()}).encode(nil)
 	// A channel's memfd and its request ring, as a requester makes them.
 	channelFD := func(t *testing.T) (int, *channel) {
-		fd, ch, err := newChannelMemory()
+		fd, ch, err := newChannelMemory(nil)
 		require.NoError(t, err)
 		t.Cleanup(func() { unix.Close(fd); ch.unmap() })
 		return fd, ch
@@ -318,7 +318,7 @@ func TestScribbledChannel(t *testing.T) {
 					buf, oob := make([]byte, 64), make([]byte, unix.CmsgSpace(4))
 					_, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
 					if fds := parseFDs(oob[:oobn]); err == nil && len(fds) == 1 {
-						if ch, err := mapChannel(fds[0]); err == nil {
+						if ch, err := mapChannel(fds[0], nil); err == nil {
 							tt.scribble(ch)
 							c.Write(doorbell) // the requester may sleep
 							ch.unmap()

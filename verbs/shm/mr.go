@@ -45,7 +45,7 @@ func (p *PD) RegMR(length int, access verbs.AccessFlags) (verbs.MR, error) {
 		d.nMR.Add(-1)
 		return nil, fmt.Errorf("shm: register MR: %w", err)
 	}
-	fd, mem, err := newSharedMemory(length)
+	fd, mem, err := newSharedMemory(length, nil)
 	if err != nil {
 		p.refs.Release()
 		d.nMR.Add(-1)
@@ -60,7 +60,7 @@ func (p *PD) RegMR(length int, access verbs.AccessFlags) (verbs.MR, error) {
 	m.reg.Owner = m
 	key, err := d.mrs.Insert(&m.reg) // never reused: a stale key names nothing
 	if err != nil {
-		unix.Munmap(mem)
+		unmap(mem, nil)
 		unix.Close(fd)
 		p.refs.Release()
 		d.nMR.Add(-1)
@@ -73,8 +73,8 @@ func (p *PD) RegMR(length int, access verbs.AccessFlags) (verbs.MR, error) {
 const page = 4096
 
 // newSharedMemory creates a sealed memfd of at least length bytes (one page at least)
-// and maps it shared.
-func newSharedMemory(length int) (int, []byte, error) {
+// and maps it shared, counted against quota (nil: the process's share; mapquota.go).
+func newSharedMemory(length int, quota *mapQuota) (int, []byte, error) {
 	size := max((length+page-1)/page*page, page)
 	fd, err := unix.MemfdCreate("rsock-shm", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
@@ -88,7 +88,7 @@ func newSharedMemory(length int) (int, []byte, error) {
 		unix.Close(fd)
 		return -1, nil, fmt.Errorf("seal memfd: %w", err)
 	}
-	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	mem, err := mapShared(fd, size, unix.PROT_READ|unix.PROT_WRITE, quota)
 	if err != nil {
 		unix.Close(fd)
 		return -1, nil, fmt.Errorf("mmap memfd: %w", err)
@@ -98,8 +98,9 @@ func newSharedMemory(length int) (int, []byte, error) {
 
 // mapPeerRegion maps the memfd a peer passed for a region of size bytes, after checking
 // that it cannot fault: it must be sealed against shrinking and hold size bytes. It maps
-// it writable when the descriptor allows. The descriptor is closed either way.
-func mapPeerRegion(fd int, size uint64) (mem []byte, writable bool, err error) {
+// it writable when the descriptor allows, counted against quota (mapquota.go). The
+// descriptor is closed either way.
+func mapPeerRegion(fd int, size uint64, quota *mapQuota) (mem []byte, writable bool, err error) {
 	defer unix.Close(fd)
 	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
 	if err != nil {
@@ -124,12 +125,15 @@ func mapPeerRegion(fd int, size uint64) (mem []byte, writable bool, err error) {
 	if writable {
 		prot |= unix.PROT_WRITE
 	}
-	n := max(int(size), 1)
-	mem, err = unix.Mmap(fd, 0, n, prot, unix.MAP_SHARED)
+	n := max(int(size), 1) // mmap maps no empty range
+	mem, err = mapShared(fd, n, prot, quota)
 	if err != nil {
 		return nil, false, fmt.Errorf("shm: map peer region: %w", err)
 	}
-	return mem[:size:size], writable, nil
+	// The capacity is the mapping's, which unmap ends: an empty region's mapping of one
+	// byte had a capacity of 0 and stayed mapped. Bounds are checked against the length
+	// (rc.Slice).
+	return mem[:size:n], writable, nil
 }
 
 // shareFD returns a new descriptor of the region for a peer: a duplicate when it grants
@@ -176,7 +180,7 @@ func (m *MR) Close() error {
 	// A request already past its checks may be copying: keep the mapping until no
 	// responder holds the device's region table, as a DMA under way finishes.
 	m.dev.mrMu.Lock()
-	unix.Munmap(m.mem)
+	unmap(m.mem, nil)
 	unix.Close(m.fd)
 	m.dev.mrMu.Unlock()
 	m.dev.nMR.Add(-1)

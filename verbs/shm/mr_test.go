@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/rsockio/rsock/internal/vma"
 	"github.com/rsockio/rsock/verbs"
 )
 
@@ -74,15 +75,19 @@ func TestMapPeerRegion(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			mem, writable, err := mapPeerRegion(tt.fd(), tt.size)
+			held := vma.Held()
+			mem, writable, err := mapPeerRegion(tt.fd(), tt.size, nil)
 			if !tt.ok {
 				require.Error(t, err, "mapPeerRegion of %d bytes", tt.size)
+				require.Equal(t, held, vma.Held(), "a refused region counts no mapping")
 				return
 			}
 			require.NoError(t, err)
-			defer unmap(mem)
 			require.Len(t, mem, int(tt.size))
 			require.Equal(t, tt.writable, writable, "writable")
+			require.Equal(t, held+1, vma.Held(), "mapped")
+			unmap(mem, nil) // an empty region's mapping too: it was left mapped
+			require.Equal(t, held, vma.Held(), "unmapped")
 		})
 	}
 }
@@ -93,9 +98,9 @@ func TestSharedRegion(t *testing.T) {
 	e := newEnd(t, p, "shm0", 4096)
 	fd, err := e.mr.(*MR).shareFD()
 	require.NoError(t, err)
-	mem, _, err := mapPeerRegion(fd, 4096)
+	mem, _, err := mapPeerRegion(fd, 4096, nil)
 	require.NoError(t, err)
-	defer unmap(mem)
+	defer unmap(mem, nil)
 	copy(mem, "from the peer")
 	require.Equal(t, "from the peer", string(e.mr.Bytes()[:13]))
 }

@@ -33,7 +33,8 @@ type QP struct {
 	caps   verbs.QPCaps
 	sigAll bool
 
-	ln *qpListener // its socket, named after its number (see qpSocketName)
+	ln   *qpListener // its socket, named after its number (see qpSocketName)
+	maps mapQuota    // the mappings its connections make (mapquota.go)
 
 	state  atomic.Int32 // a verbs.QPState
 	closed atomic.Bool
@@ -155,6 +156,13 @@ func (p *PD) CreateQP(attr verbs.QPInitAttr) (verbs.QP, error) {
 		return nil, fmt.Errorf("shm: create QP: receive CQ: %w", err)
 	}
 	q := &QP{dev: d, pd: p, sendCQ: scq, recvCQ: rcq, caps: c, sigAll: attr.SignalAll}
+	if err := q.maps.open(); err != nil {
+		rcq.unuse()
+		scq.unuse()
+		p.refs.Release()
+		d.nQP.Add(-1)
+		return nil, fmt.Errorf("shm: create QP: %w", err)
+	}
 	q.sq.ring = make([]wqe, c.MaxSendWR)
 	q.sq.sges = make([]verbs.SGE, c.MaxSendWR*c.MaxSendSGE)
 	q.sq.inline = make([]byte, c.MaxSendWR*c.MaxInlineData)
@@ -165,6 +173,7 @@ func (p *PD) CreateQP(attr verbs.QPInitAttr) (verbs.QP, error) {
 	q.rq.vec = make([][]byte, 0, max(c.MaxRecvSGE, 1))
 	ln, err := listenQP(q)
 	if err != nil {
+		q.maps.close()
 		rcq.unuse()
 		scq.unuse()
 		p.refs.Release()
@@ -373,6 +382,7 @@ func (q *QP) Close() error {
 	q.recvCQ.removeFeeder(q)
 	q.sendCQ.unuse()
 	q.recvCQ.unuse()
+	q.maps.close()
 	q.pd.refs.Release()
 	q.dev.nQP.Add(-1)
 	return nil
