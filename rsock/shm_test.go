@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/rsockio/rsock/internal/vma"
 	"github.com/rsockio/rsock/rsock/internal/rdma"
@@ -354,4 +355,65 @@ func TestSHMRingGrowthUnmapsOld(t *testing.T) {
 	require.NoError(t, <-wrote)
 	require.Equal(t, 4<<20, s.Stats().RingSize, "the ring grew")
 	require.Equal(t, before, vma.Held(), "mappings held after the ring grew: the old rings are unmapped")
+}
+
+// fsizeChildEnv marks the child process TestSHMFileSizeLimit runs itself in.
+const fsizeChildEnv = "RSOCK_TEST_FSIZE_CHILD"
+
+// TestSHMFileSizeLimit runs, in a child process with RLIMIT_FSIZE at 1 MiB (`ulimit
+// -f 1024`), a same-host connection and a stream through it. A memfd is a file, so
+// the limit bounds shared memory too: the 2 MiB same-host ring is refused (EFBIG), and
+// the connection takes the ordinary ring, which starts at 8 KiB, still on shared memory
+// (before, it fell back to TCP), and grows only as far as the limit lets it. Every byte
+// arrives, in order.
+func TestSHMFileSizeLimit(t *testing.T) {
+	const limit = 1 << 20
+	if os.Getenv(fsizeChildEnv) != "1" {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestSHMFileSizeLimit$", "-test.v", "-test.count=1")
+		cmd.Env = append(os.Environ(), fsizeChildEnv+"=1")
+		out, err := cmd.CombinedOutput()
+		t.Logf("child:\n%s", out)
+		require.NoError(t, err)
+		require.Contains(t, string(out), "--- PASS: TestSHMFileSizeLimit", "the child ran the test")
+		return
+	}
+	require.NoError(t, unix.Setrlimit(unix.RLIMIT_FSIZE, &unix.Rlimit{Cur: limit, Max: limit}))
+	ln := listen(t, nil)
+	c, s := pipe(t, ln, nil)
+	defer c.Close()
+	defer s.Close()
+	require.Equal(t, TransportSHM, c.Transport(), "client: %v", c.FallbackReason())
+	require.Equal(t, TransportSHM, s.Transport(), "server: %v", s.FallbackReason())
+
+	const total = 16 << 20
+	wrote := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 64<<10)
+		for off := 0; off < total; off += len(buf) {
+			for i := range buf {
+				buf[i] = byte((off + i) % 251)
+			}
+			if _, err := c.Write(buf); err != nil {
+				wrote <- err
+				return
+			}
+		}
+		wrote <- nil
+	}()
+	got := make([]byte, 64<<10)
+	for off := 0; off < total; {
+		n, err := s.Read(got)
+		require.NoError(t, err)
+		for i := range n {
+			if got[i] != byte((off+i)%251) {
+				t.Fatalf("byte %d: %d, want %d", off+i, got[i], byte((off+i)%251))
+			}
+		}
+		off += n
+	}
+	require.NoError(t, <-wrote)
+	st := s.Stats()
+	t.Logf("ring %d bytes, staging %d", st.RingSize, c.Stats().StagingSize)
+	require.LessOrEqual(t, st.RingSize, limit)
+	requireEcho(t, c, s)
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/rsockio/rsock/rsock/internal/rdma"
@@ -647,13 +648,14 @@ func prepareEndpoint(ctx context.Context, cfg *Config, boot bootConn, budget rdm
 
 // memoryRefused reports whether err refused an endpoint for the memory it would
 // register: a registered-memory budget (the engine's, or a Listener's per-remote or
-// per-listener one) or RLIMIT_MEMLOCK.
+// per-listener one), RLIMIT_MEMLOCK, or on shared memory RLIMIT_FSIZE, which bounds a
+// memfd's size (EFBIG).
 func memoryRefused(err error) bool {
 	var limit *limitError
 	if errors.As(err, &limit) && limit.what == memoryLimit {
 		return true
 	}
-	return errors.Is(err, rdma.ErrMemoryBudget) || errors.Is(err, rdma.ErrMemlock)
+	return errors.Is(err, rdma.ErrMemoryBudget) || errors.Is(err, rdma.ErrMemlock) || errors.Is(err, syscall.EFBIG)
 }
 
 // localIP is the address the RDMA device is chosen by: the bootstrap connection's local

@@ -1,6 +1,7 @@
 package shm
 
 import (
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"unsafe"
@@ -82,6 +83,10 @@ func newSharedMemory(length int, quota *mapQuota) (int, []byte, error) {
 	}
 	if err := unix.Ftruncate(fd, int64(size)); err != nil {
 		unix.Close(fd)
+		if errors.Is(err, unix.EFBIG) {
+			// A memfd is a file: the process's file size limit bounds it too.
+			return -1, nil, fmt.Errorf("ftruncate memfd to %d bytes: %w: over the process's RLIMIT_FSIZE (ulimit -f)", size, err)
+		}
 		return -1, nil, fmt.Errorf("ftruncate memfd: %w", err)
 	}
 	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
