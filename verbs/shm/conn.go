@@ -163,6 +163,10 @@ func (pc *peerConn) region(rkey uint32) *peerRegion { return pc.regions[rkey] }
 // it again.
 func (pc *peerConn) addRegion(m *msg, fd int) error {
 	pc.forgetRegions()
+	if err := pc.q.dev.p.injectedFailure(allocRegion); err != nil {
+		closeFD(fd)
+		return fmt.Errorf("shm: map peer region: %w", err)
+	}
 	mem, writable, err := mapPeerRegion(fd, m.size, &pc.q.maps)
 	if err != nil {
 		return err

@@ -11,7 +11,7 @@ import (
 // verbstest.Faults and verbstest.PortFaults. They act on this process's side only.
 
 // Allocation kinds of [Provider.FailAllocs].
-var allocKinds = [...]string{"context", "pd", "mr", "cq", "qp", "channel", "dial", "accept"}
+var allocKinds = [...]string{"context", "pd", "mr", "cq", "qp", "channel", "dial", "accept", "region"}
 
 const (
 	allocContext = iota
@@ -22,12 +22,15 @@ const (
 	allocChannel
 	allocDial   // a QP's connection to its destination QP's socket (dialPeer)
 	allocAccept // a QP's acceptance of a requester's connection (acceptLoop)
+	allocRegion // a QP's mapping of a region of its destination's (addRegion)
 )
 
 // FailAllocs makes the next n allocations of kind ("context", "pd", "mr", "cq", "qp",
 // "channel", "dial": a QP's connection to its destination QP, or "accept": a QP's
 // acceptance of a requester's connection, each as a process out of file descriptors
-// fails to make it) fail with [verbs.ErrNoResources]. n = 0 cancels.
+// fails to make it, or "region": a QP's mapping of a region of its destination's, as a
+// process out of memory mappings fails it) fail with [verbs.ErrNoResources]. n = 0
+// cancels.
 func (p *Provider) FailAllocs(kind string, n int) error {
 	for i, k := range allocKinds {
 		if k == kind {

@@ -40,14 +40,17 @@ func TestFaultArguments(t *testing.T) {
 func TestTransportCause(t *testing.T) {
 	tests := []struct {
 		name     string
-		timeout  uint8 // the ACK timeout's exponent: 0 is none, so a failed dial fails the request at once; 14 is 67 ms
-		failures int   // dials that fail
+		timeout  uint8  // the ACK timeout's exponent: 0 is none, so a failed dial fails the request at once; 14 is 67 ms
+		fail     string // what fails: "dial" (the connection to the peer) or "region" (mapping the peer's region)
+		failures int    // how many times
 		status   verbs.WCStatus
-		cause    error
+		cause    string // in the cause, which matches verbs.ErrNoResources; "" for none
 	}{
-		{"connects", 0, 0, verbs.WCSuccess, nil},
-		{"cannot connect", 0, 1, verbs.WCRetryExcErr, verbs.ErrNoResources},
-		{"connects on a retry", 14, 1, verbs.WCSuccess, nil},
+		{"connects", 0, "dial", 0, verbs.WCSuccess, ""},
+		{"cannot connect", 0, "dial", 1, verbs.WCRetryExcErr, "dial QP"},
+		{"connects on a retry", 14, "dial", 1, verbs.WCSuccess, ""},
+		{"cannot map the region", 0, "region", 1, verbs.WCRetryExcErr, "map peer region"},
+		{"maps the region on a retry", 14, "region", 1, verbs.WCSuccess, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -56,7 +59,7 @@ func TestTransportCause(t *testing.T) {
 			b := newEnd(t, p, "shm0", 4096)
 			connectEnds(t, a, b, tt.timeout, 7)
 			require.NoError(t, b.qp.PostRecv([]verbs.RecvWR{{ID: 1}}))
-			require.NoError(t, p.FailAllocs("dial", tt.failures))
+			require.NoError(t, p.FailAllocs(tt.fail, tt.failures))
 			require.NoError(t, a.qp.PostSend([]verbs.SendWR{writeImm(7, a.mr, b.mr, 0, 64)}))
 			wc := pollWait(t, a.cq, 1)[0]
 			require.Equal(t, tt.status, wc.Status, "completion %+v", wc)
@@ -64,12 +67,12 @@ func TestTransportCause(t *testing.T) {
 			causer, ok := a.qp.(verbs.TransportCauser)
 			require.True(t, ok, "shm's QP is a verbs.TransportCauser")
 			cause := causer.TransportCause()
-			if tt.cause == nil {
+			if tt.cause == "" {
 				require.NoError(t, cause)
 				return
 			}
-			require.ErrorIs(t, cause, tt.cause)
-			require.ErrorContains(t, cause, "dial QP")
+			require.ErrorIs(t, cause, verbs.ErrNoResources)
+			require.ErrorContains(t, cause, tt.cause)
 			require.NoError(t, a.qp.ToReset())
 			require.NoError(t, causer.TransportCause(), "RESET forgets the cause")
 		})

@@ -80,7 +80,7 @@ type sendQueue struct {
 	rnrRetry uint8
 
 	conn     *peerConn // connection to the destination QP, nil until first needed
-	dialErr  error     // why the last attempt to make conn failed (TransportCause); nil once one succeeds
+	dialErr  error     // why the last attempt to make conn, or to map a region through it, failed (TransportCause); nil once a dial succeeds
 	inflight int       // WRs from the head whose requests await their responses
 	querying bool      // the head WR's region query awaits its answer (inflight is 0)
 	deadline time.Time // when busy, the end of the ACK timeout of the oldest answer awaited

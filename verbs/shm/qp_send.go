@@ -420,6 +420,7 @@ func (q *QP) onRegion(c *peerConn, m *msg, fd int) {
 		q.lostLocked(e, true)
 	} else if m.ok {
 		if err := c.addRegion(m, fd); err != nil {
+			q.sq.dialErr = err // the cause of the loss (TransportCause)
 			c.fail(err)
 			q.lostLocked(e, true)
 		}
