@@ -138,7 +138,8 @@
 // own next mmap fails and the process dies. rsock's providers therefore take at most
 // half of vm.max_map_count; a connection past that falls back to TCP with a reason
 // matching [ErrResourcesExhausted] that names vm.max_map_count. Raise the sysctl for a
-// process that holds many thousands of connections on shared memory or RDMA.
+// process that holds many thousands of connections on shared memory or RDMA; rsock
+// reads it again before it refuses one, so the process need not restart.
 //
 // A Listener logs through [Config.Logger]; without one, WARN and above go to
 // [log/slog.Default], so that a server refusing clients that speak no rsock (curl, a

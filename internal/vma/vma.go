@@ -37,19 +37,30 @@ const defaultMaxMapCount = 65530
 const maxMapCountFile = "/proc/sys/vm/max_map_count"
 
 var (
-	held   atomic.Int64 // mappings counted and not yet given back
-	limit  atomic.Int64 // the most held may reach; 0 until first read (budget)
-	loadMu sync.Mutex
+	held      atomic.Int64 // mappings counted and not yet given back
+	limit     atomic.Int64 // the most held may reach; 0 until first read (budget)
+	loadMu    sync.Mutex   // guards reading the limit, fixed and limitFile
+	fixed     bool         // the limit is SetBudget's, not read
+	limitFile = maxMapCountFile
 )
 
 // Reserve counts n mappings about to be made. It fails, counting nothing, when that
 // would take the count past half of vm.max_map_count. Each mapping counted is given
 // back with Release once unmapped, or once its mmap failed.
+//
+// Before it refuses, it reads vm.max_map_count again: an operator told by a fallback
+// reason to raise it need not restart the process. Refusals are rare, and the read
+// takes microseconds, next to the connection setup it refuses.
 func Reserve(n int) error {
 	most := budget()
+	reread := false
 	for {
 		h := held.Load()
 		if h+int64(n) > most {
+			if !reread {
+				most, reread = readBudget(), true
+				continue
+			}
 			return &LimitError{Held: h, Want: n, Budget: most}
 		}
 		if held.CompareAndSwap(h, h+int64(n)) {
@@ -65,17 +76,23 @@ func Release(n int) { held.Add(-int64(n)) }
 func Held() int64 { return held.Load() }
 
 // budget returns the most mappings that may be counted at once: half of
-// vm.max_map_count, read once.
+// vm.max_map_count, as last read.
 func budget() int64 {
 	if b := limit.Load(); b > 0 {
 		return b
 	}
+	return readBudget()
+}
+
+// readBudget reads vm.max_map_count and makes half of it the budget, unless SetBudget
+// fixed one.
+func readBudget() int64 {
 	loadMu.Lock()
 	defer loadMu.Unlock()
-	if b := limit.Load(); b > 0 {
-		return b
+	if fixed {
+		return limit.Load()
 	}
-	b := max(readMaxMapCount(maxMapCountFile)/2, 1)
+	b := max(readMaxMapCount(limitFile)/2, 1)
 	limit.Store(b)
 	return b
 }
@@ -95,15 +112,18 @@ func readMaxMapCount(file string) int64 {
 }
 
 // SetBudget makes b the most mappings counted at once, until restore is called: for
-// tests, which cannot lower vm.max_map_count for their process alone.
+// tests, which cannot lower vm.max_map_count for their process alone. A b of 0 reads
+// the limit afresh.
 func SetBudget(b int64) (restore func()) {
 	loadMu.Lock()
-	old := limit.Load()
+	oldLimit, oldFixed := limit.Load(), fixed
 	limit.Store(b)
+	fixed = b > 0
 	loadMu.Unlock()
 	return func() {
 		loadMu.Lock()
-		limit.Store(old)
+		limit.Store(oldLimit)
+		fixed = oldFixed
 		loadMu.Unlock()
 	}
 }

@@ -2,6 +2,7 @@ package vma
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
@@ -92,4 +93,33 @@ func TestBudgetIsHalfTheLimit(t *testing.T) {
 	want := readMaxMapCount(maxMapCountFile) / 2
 	defer SetBudget(0)() // read afresh, then restored
 	require.Equal(t, want, budget())
+}
+
+// TestReserveRereadsTheLimit: a Reserve about to refuse reads vm.max_map_count again,
+// so that raising it takes effect without a restart.
+func TestReserveRereadsTheLimit(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "max_map_count")
+	setLimit := func(n int64) {
+		require.NoError(t, os.WriteFile(file, []byte(fmt.Sprintf("%d\n", n)), 0o600))
+	}
+	base := Held()
+	setLimit(2 * (base + 4))
+	loadMu.Lock()
+	oldFile := limitFile
+	limitFile = file
+	loadMu.Unlock()
+	defer func() {
+		loadMu.Lock()
+		limitFile = oldFile
+		loadMu.Unlock()
+	}()
+	defer SetBudget(0)() // read from file, then restored
+
+	require.NoError(t, Reserve(4))
+	require.Error(t, Reserve(1), "at the limit read")
+	setLimit(2 * (base + 6))
+	require.NoError(t, Reserve(2), "the limit was raised")
+	require.Error(t, Reserve(1))
+	Release(6)
+	require.Equal(t, base, Held())
 }
