@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -14,10 +12,6 @@ import (
 
 	"github.com/rsockio/rsock/internal/testfiles"
 )
-
-// filesChildEnv, in a re-executed test binary's environment, makes it run
-// TestOutOfFiles's sweep: it lowers its own RLIMIT_NOFILE and takes every descriptor.
-const filesChildEnv = "RSOCK_FILES_CHILD"
 
 // TestOutOfFiles: a process out of file descriptors, with 0, 1, 2 … of them left
 // while it dials a Listener of its own on this host. Each connection that opens works,
@@ -28,19 +22,7 @@ const filesChildEnv = "RSOCK_FILES_CHILD"
 // back, a connection gets the faster transport again: no failure on the way was kept.
 // It runs in a child process, whose descriptor limit it lowers.
 func TestOutOfFiles(t *testing.T) {
-	if os.Getenv(filesChildEnv) == "" {
-		args := []string{"-test.run=^TestOutOfFiles$", "-test.v", "-test.count=1"}
-		if d, ok := t.Deadline(); ok {
-			args = append(args, "-test.timeout="+time.Until(d).Round(time.Second).String())
-		}
-		cmd := exec.Command(os.Args[0], args...)
-		cmd.Env = append(os.Environ(), filesChildEnv+"=1")
-		out, err := cmd.CombinedOutput()
-		if testing.Verbose() || err != nil {
-			t.Logf("child:\n%s", out)
-		}
-		require.NoError(t, err)
-		require.Contains(t, string(out), "--- PASS: TestOutOfFiles", "the child ran the test")
+	if !inChild(t) {
 		return
 	}
 	testfiles.Limit(t, 512)

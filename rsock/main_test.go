@@ -7,8 +7,10 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/exec"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -120,4 +122,34 @@ func dialRaw(t testing.TB, ln *Listener) net.Conn {
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	return c
+}
+
+// childEnv, in a re-executed test binary's environment, names the test it runs as a
+// child process (inChild).
+const childEnv = "RSOCK_TEST_CHILD"
+
+// inChild reports whether the test runs in the child process inChild starts for it,
+// with env added to the environment: a process of its own, for a test that changes
+// what is the process's (a resource limit) or counts what is (its mappings). Outside
+// it, inChild runs the test in the child, fails t unless it passed there, and
+// reports false.
+func inChild(t *testing.T, env ...string) bool {
+	t.Helper()
+	if os.Getenv(childEnv) == t.Name() {
+		return true
+	}
+	args := []string{"-test.run=^" + t.Name() + "$", "-test.v", "-test.count=1"}
+	if d, ok := t.Deadline(); ok {
+		args = append(args, "-test.timeout="+time.Until(d).Round(time.Second).String())
+	}
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(append(os.Environ(), childEnv+"="+t.Name()), env...)
+	out, err := cmd.CombinedOutput()
+	if testing.Verbose() || err != nil {
+		t.Logf("child:\n%s", out)
+	}
+	require.NotContains(t, string(out), "fatal error", "the child died")
+	require.NoError(t, err)
+	require.Contains(t, string(out), "--- PASS: "+t.Name(), "the child ran the test")
+	return false
 }

@@ -3,17 +3,12 @@ package rsock
 import (
 	"bytes"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 )
-
-// mapCountChildEnv marks the child process TestMaxMapCount runs itself in.
-const mapCountChildEnv = "RSOCK_TEST_MAP_COUNT_CHILD"
 
 // sysctlTestEnv allows a test to change a sysctl for the whole machine: set where
 // nothing else runs meanwhile (the CI's VM), since a vm.max_map_count lowered under
@@ -44,7 +39,7 @@ const mapCountHeadroom = 1500
 // skipped; TestSHMMappingLimit covers the same ground with rsock's share lowered in
 // process.
 func TestMaxMapCount(t *testing.T) {
-	if os.Getenv(mapCountChildEnv) == "1" {
+	if os.Getenv(childEnv) == t.Name() {
 		mapCountChild(t)
 		return
 	}
@@ -56,18 +51,8 @@ func TestMaxMapCount(t *testing.T) {
 	limit := ownMappings(t) + mapCountHeadroom
 	require.NoError(t, os.WriteFile(maxMapCountFile, []byte(strconv.Itoa(limit)), 0o644))
 	defer func() { require.NoError(t, os.WriteFile(maxMapCountFile, orig, 0o644)) }()
-
-	args := []string{"-test.run=^TestMaxMapCount$", "-test.v", "-test.count=1"}
-	if d, ok := t.Deadline(); ok {
-		args = append(args, "-test.timeout="+time.Until(d).Round(time.Second).String())
-	}
-	cmd := exec.Command(os.Args[0], args...)
-	cmd.Env = append(os.Environ(), mapCountChildEnv+"=1")
-	out, err := cmd.CombinedOutput()
-	t.Logf("child, vm.max_map_count %d (was %s):\n%s", limit, bytes.TrimSpace(orig), out)
-	require.NotContains(t, string(out), "fatal error", "the child died")
-	require.NoError(t, err)
-	require.Contains(t, string(out), "--- PASS: TestMaxMapCount", "the child ran the test")
+	t.Logf("vm.max_map_count %d (was %s) while the child runs", limit, bytes.TrimSpace(orig))
+	inChild(t)
 }
 
 // mapCountConns is how many connections the child opens per provider: several times
