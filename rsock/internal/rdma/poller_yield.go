@@ -132,6 +132,10 @@ const onHostAnswerScale = 8
 func (p *poller) pause(polls int) {
 	y := p.spinYielder()
 	switch {
+	case p.yields() && p.everyProcessorSpins():
+		// The poll yielded its thread, but not the processor to this process's other
+		// goroutines: see everyProcessorSpins.
+		y.Gosched()
 	case p.yields(): // the poll yielded already
 	case !p.outside || polls%outsideGoschedEvery == 0:
 		y.Gosched()
@@ -142,6 +146,24 @@ func (p *poller) pause(polls int) {
 	default:
 		y.Yield()
 	}
+}
+
+// everyProcessorSpins reports whether spinners may hold every processor of the
+// process: with GOMAXPROCS at 1, or as many waiters spinning as there are processors.
+// A spinner on a CQ whose empty polls yield the thread (verbs/shm's) then yields the
+// processor too, with runtime.Gosched, as on soft. Without it, the goroutines it holds
+// the processor from waited out its spin, hundreds of polls: the peer's end of a
+// same-host connection in this process, which makes the very answer the spinner waits
+// for, or the rest of a server (grpc-go's writer and handlers). In a process with one
+// processor (a container limited to one CPU: GOMAXPROCS follows the limit), net/http
+// over shared memory within the process ran at 0.39× a Unix socket's requests/s and
+// gRPC at 0.62×, where at two processors they ran at 1.15× and 1.04×; between two such
+// processes, gRPC at 0.71× TCP's calls/s (benchmarks/README.md, 2026-11-30). The cost
+// that keeps Gosched out of such a spin otherwise, a thread woken for an idle
+// processor that takes the core from the peer process, cannot arise: no processor is
+// idle.
+func (p *poller) everyProcessorSpins() bool {
+	return p.maxSpinners <= 1 || p.spinners.Load() >= p.maxSpinners
 }
 
 // spinYielder is how the poller's spinners yield: sched, or the runtime's and cpuyield's.

@@ -90,7 +90,9 @@ func (y *countingYielder) Contended() bool { return y.contended }
 
 // TestPause: over outsideGoschedEvery empty polls, a spinner on a CQ this process's
 // goroutines fill (soft's) yields with runtime.Gosched after every one; on a CQ that
-// yields by itself (shm's, host quiet), not at all; on one filled outside (ibv's), it
+// yields by itself (shm's, host quiet), not at all, unless spinners may hold every
+// processor (one processor, or as many spinners as processors), when it Goscheds after
+// every one too; on one filled outside (ibv's), it
 // yields its thread after every outsideYieldEvery-th by cpuyield's policy and Goscheds
 // after the last, and on a contended host Goscheds instead of every thread yield; on
 // one filled on this host (ibv's on Soft-RoCE), it never yields its thread, contended
@@ -102,11 +104,15 @@ func TestPause(t *testing.T) {
 		name               string
 		cq                 completionQueue
 		contended          bool
+		procs, spinners    int32 // 0: two processors, one spinner
 		wantGosched, wantY int
 	}{
 		{name: "soft", cq: newFakeCQ(), wantGosched: polls},
 		{name: "soft, contended", cq: newFakeCQ(), contended: true, wantGosched: polls},
 		{name: "yields by itself", cq: yieldingCQ{newFakeCQ(), true}},
+		{name: "yields by itself, one processor", cq: yieldingCQ{newFakeCQ(), true}, procs: 1, spinners: 1, wantGosched: polls},
+		{name: "yields by itself, one processor, the goroutine's spin", cq: yieldingCQ{newFakeCQ(), true}, procs: 1, spinners: 0, wantGosched: polls},
+		{name: "yields by itself, every processor spins", cq: yieldingCQ{newFakeCQ(), true}, procs: 2, spinners: 2, wantGosched: polls},
 		{name: "does not yield now", cq: yieldingCQ{newFakeCQ(), false}, wantGosched: polls},
 		{name: "filled outside", cq: outsideCQ{newFakeCQ()}, wantGosched: 1, wantY: perYield - 1},
 		{name: "filled outside, contended", cq: outsideCQ{newFakeCQ()}, contended: true, wantGosched: perYield},
@@ -115,7 +121,13 @@ func TestPause(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			y := &countingYielder{contended: tc.contended}
-			p := &poller{cq: tc.cq, yielder: cqYielder(tc.cq), outside: filledOutside(tc.cq), onHost: filledOnHost(tc.cq), sched: y}
+			p := &poller{cq: tc.cq, yielder: cqYielder(tc.cq), outside: filledOutside(tc.cq), onHost: filledOnHost(tc.cq), sched: y,
+				maxSpinners: 2}
+			p.spinners.Store(1)
+			if tc.procs > 0 {
+				p.maxSpinners = tc.procs
+				p.spinners.Store(tc.spinners)
+			}
 			for empties := 1; empties <= polls; empties++ {
 				p.pause(empties)
 			}
