@@ -132,7 +132,7 @@
 // ring: a write aimed at another connection's ring, with its rkey, fails with a remote
 // access error and ends the writer's connection.
 //
-// Connections map memory (rings, staging buffers, queues; about nine mappings per
+// Connections map memory (rings, staging buffers, queues; about ten mappings per
 // same-host connection with both ends in one process), and Linux refuses a process
 // more than vm.max_map_count mappings (65,530 by default), past which the Go runtime's
 // own next mmap fails and the process dies. rsock's providers therefore take at most

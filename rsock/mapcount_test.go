@@ -25,7 +25,7 @@ const mapCountHeadroom = 1500
 
 // TestMaxMapCount opens connections in a child process with vm.max_map_count lowered,
 // many more than rsock's share of it (internal/vma: half) holds, keeping them all open
-// and the heap growing between them. Each connection maps memory (about nine
+// and the heap growing between them. Each connection maps memory (about ten
 // mappings on shared memory, both ends in this process), and once the limit is
 // reached the Go runtime's next mmap is refused and the process dies ("fatal error:
 // runtime: cannot allocate memory"); a program that made as many TCP connections

@@ -76,12 +76,12 @@ func Release(n int) { held.Add(-int64(n)) }
 func Held() int64 { return held.Load() }
 
 // budget returns the most mappings that may be counted at once: half of
-// vm.max_map_count, as last read.
+// vm.max_map_count, as last read, or SetBudget's.
 func budget() int64 {
 	if b := limit.Load(); b > 0 {
 		return b
 	}
-	return readBudget()
+	return readBudget() // SetBudget(0)'s 0 too
 }
 
 // readBudget reads vm.max_map_count and makes half of it the budget, unless SetBudget
@@ -112,13 +112,17 @@ func readMaxMapCount(file string) int64 {
 }
 
 // SetBudget makes b the most mappings counted at once, until restore is called: for
-// tests, which cannot lower vm.max_map_count for their process alone. A b of 0 reads
-// the limit afresh.
+// tests, which cannot lower vm.max_map_count for their process alone.
 func SetBudget(b int64) (restore func()) {
+	return setLimit(b, true)
+}
+
+// setLimit sets the budget to b, fixed or to be read again, until restore is called.
+func setLimit(b int64, fix bool) (restore func()) {
 	loadMu.Lock()
 	oldLimit, oldFixed := limit.Load(), fixed
 	limit.Store(b)
-	fixed = b > 0
+	fixed = fix
 	loadMu.Unlock()
 	return func() {
 		loadMu.Lock()

@@ -91,7 +91,7 @@ func TestReadMaxMapCount(t *testing.T) {
 // TestBudgetIsHalfTheLimit checks the budget against this machine's own limit.
 func TestBudgetIsHalfTheLimit(t *testing.T) {
 	want := readMaxMapCount(maxMapCountFile) / 2
-	defer SetBudget(0)() // read afresh, then restored
+	defer setLimit(0, false)() // read afresh, then restored
 	require.Equal(t, want, budget())
 }
 
@@ -99,11 +99,11 @@ func TestBudgetIsHalfTheLimit(t *testing.T) {
 // so that raising it takes effect without a restart.
 func TestReserveRereadsTheLimit(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "max_map_count")
-	setLimit := func(n int64) {
+	writeLimit := func(n int64) {
 		require.NoError(t, os.WriteFile(file, []byte(fmt.Sprintf("%d\n", n)), 0o600))
 	}
 	base := Held()
-	setLimit(2 * (base + 4))
+	writeLimit(2 * (base + 4))
 	loadMu.Lock()
 	oldFile := limitFile
 	limitFile = file
@@ -113,11 +113,11 @@ func TestReserveRereadsTheLimit(t *testing.T) {
 		limitFile = oldFile
 		loadMu.Unlock()
 	}()
-	defer SetBudget(0)() // read from file, then restored
+	defer setLimit(0, false)() // read from the file, then restored
 
 	require.NoError(t, Reserve(4))
 	require.Error(t, Reserve(1), "at the limit read")
-	setLimit(2 * (base + 6))
+	writeLimit(2 * (base + 6))
 	require.NoError(t, Reserve(2), "the limit was raised")
 	require.Error(t, Reserve(1))
 	Release(6)

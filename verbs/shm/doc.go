@@ -102,8 +102,8 @@
 //
 // Every mapping (a region's memory, a channel at either end, a peer's region) counts
 // against rsock's share of the process's vm.max_map_count (internal/vma), past which
-// the Go runtime's own mmap would be refused. A QP reserves the three its connections
-// make (mapquota.go), so CreateQP is refused, not a connection already up, and keeps at
+// the Go runtime's own mmap would be refused. A QP reserves those its connections make
+// (mapquota.go), so CreateQP is refused, not a connection already up, and keeps at
 // most one of its peer's regions mapped: a WR naming another asks for it anew, and the
 // one it replaces is unmapped, with the memory the peer had already let go of.
 //

@@ -17,17 +17,22 @@ import (
 // connection already handed to the application would fail mid-stream. So a QP reserves
 // those mappings when it is created (qpMappings: CreateQP fails, and a connection falls
 // back, before it starts), and its connections map against the reservation (a
-// mapQuota). Mappings beyond it, a reconnection's channel made while the old one is
-// still being unmapped, say, are counted one by one, and may be refused.
+// mapQuota), one more included for a reconnection made while the old connection's
+// channel is still being unmapped. Mappings beyond it (both ends reconnecting at once
+// while both old channels linger, a flood of inbound connections) are counted one by
+// one, and may be refused.
 //
 // A QP keeps at most one of its peer's regions mapped (peerConn.addRegion): rsock's
 // engine writes into one ring of its peer's at a time, and moves to the next for good
 // when the peer's ring grows or shrinks. Kept, every ring the peer had left behind stayed
 // mapped here until the connection closed, a mapping each and the ring's memory with
-// it, since the peer's deregistering a region does not unmap it here.
+// it, since the peer's deregistering a region does not unmap it here. A user of the
+// provider that alternates WRs between two regions of one peer pays a region query and
+// a mapping at each switch.
 
-// qpMappings is how many mappings a QP reserves: the two channels and one region.
-const qpMappings = 3
+// qpMappings is how many mappings a QP reserves: the two channels, one region, and a
+// reconnection's new channel while the old one lingers.
+const qpMappings = 4
 
 // mapQuota is the mappings a QP reserved and those its connections made against them.
 type mapQuota struct {
@@ -103,10 +108,9 @@ func mapShared(fd, size, prot int, quota *mapQuota) ([]byte, error) {
 }
 
 // unmap ends a mapping mapShared made with quota, given whole or resliced from its
-// start.
+// start. A mapping munmap refuses stays mapped, and counted.
 func unmap(mem []byte, quota *mapQuota) {
-	if cap(mem) > 0 {
-		unix.Munmap(mem[:cap(mem)])
+	if cap(mem) > 0 && unix.Munmap(mem[:cap(mem)]) == nil {
 		uncount(quota)
 	}
 }

@@ -351,8 +351,9 @@ func (q *QP) discardLocked() {
 	q.recvCQ.forget(q)
 }
 
-// TransportCause returns why the QP's last attempt to connect to its destination QP
-// failed, or nil if it connected since or never tried (verbs.TransportCauser). A
+// TransportCause returns why the QP's last attempt to connect to its destination QP, or
+// to map the destination's region through the connection, failed, or nil if it
+// connected since or never tried (verbs.TransportCauser). A
 // request that cannot be sent for want of the connection is retried as a lost one, so
 // a process out of file descriptors sees its requests end in WCRetryExcErr, as if the
 // peer had not answered: this names the real cause. RESET clears it.

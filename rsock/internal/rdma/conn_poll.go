@@ -111,6 +111,7 @@ func (c *Conn) beginSpin(answer bool) int {
 	if p == nil || p.spin == 0 {
 		return 0
 	}
+	spinningWaiters.Add(1) // endSpin uncounts it, whatever happens next
 	if p.spinners.Add(1) > p.maxSpinners {
 		p.endSpin()
 		return 0

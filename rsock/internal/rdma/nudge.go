@@ -68,6 +68,7 @@ func (p *poller) initNudge() {
 // block (a Read of the reader ReadFrom copies from, say): until a deferred nudge is
 // paid, nobody polls.
 func (p *poller) endSpin() {
+	spinningWaiters.Add(-1)
 	if p.spinners.Add(-1) != 0 || !p.standby.Load() {
 		return
 	}

@@ -2,6 +2,8 @@ package rdma
 
 import (
 	"runtime"
+	"sync/atomic"
+	"time"
 
 	"github.com/rsockio/rsock/internal/cpuyield"
 )
@@ -161,10 +163,38 @@ func (p *poller) pause(polls int) {
 // processes, gRPC at 0.71× TCP's calls/s (benchmarks/README.md, 2026-11-30). The cost
 // that keeps Gosched out of such a spin otherwise, a thread woken for an idle
 // processor that takes the core from the peer process, cannot arise: no processor is
-// idle.
+// idle. Spinners are counted over every poller of the process (spinningWaiters), and
+// the processors read again now and then (processors): Go changes GOMAXPROCS when a
+// container's CPU limit changes.
 func (p *poller) everyProcessorSpins() bool {
-	return p.maxSpinners <= 1 || p.spinners.Load() >= p.maxSpinners
+	n := processors()
+	return n <= 1 || spinningWaiters.Load() >= n
 }
+
+// spinningWaiters counts the waiters spinning on every poller of the process
+// (beginSpin, endSpin).
+var spinningWaiters atomic.Int32
+
+// processors returns GOMAXPROCS as read at most procsMaxAge ago: reading it takes the
+// scheduler's lock, too often for every empty poll. A variable, for tests.
+var processors = func() int32 {
+	now := int64(time.Since(procsEpoch))
+	if n := procsCached.Load(); n > 0 && now-procsReadAt.Load() < int64(procsMaxAge) {
+		return n
+	}
+	n := int32(runtime.GOMAXPROCS(0))
+	procsCached.Store(n)
+	procsReadAt.Store(now)
+	return n
+}
+
+const procsMaxAge = time.Second
+
+var (
+	procsEpoch  = time.Now()
+	procsCached atomic.Int32
+	procsReadAt atomic.Int64
+)
 
 // spinYielder is how the poller's spinners yield: sched, or the runtime's and cpuyield's.
 func (p *poller) spinYielder() threadYielder {

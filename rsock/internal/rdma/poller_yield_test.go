@@ -1,9 +1,11 @@
 package rdma
 
 import (
+	"runtime"
 	"strings"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -121,13 +123,12 @@ func TestPause(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			y := &countingYielder{contended: tc.contended}
-			p := &poller{cq: tc.cq, yielder: cqYielder(tc.cq), outside: filledOutside(tc.cq), onHost: filledOnHost(tc.cq), sched: y,
-				maxSpinners: 2}
-			p.spinners.Store(1)
+			p := &poller{cq: tc.cq, yielder: cqYielder(tc.cq), outside: filledOutside(tc.cq), onHost: filledOnHost(tc.cq), sched: y}
+			procs, spinners := int32(2), int32(1)
 			if tc.procs > 0 {
-				p.maxSpinners = tc.procs
-				p.spinners.Store(tc.spinners)
+				procs, spinners = tc.procs, tc.spinners
 			}
+			defer setSpinning(procs, spinners)()
 			for empties := 1; empties <= polls; empties++ {
 				p.pause(empties)
 			}
@@ -135,6 +136,47 @@ func TestPause(t *testing.T) {
 			require.Equal(t, tc.wantY, y.yield, "thread yields by cpuyield's policy")
 		})
 	}
+}
+
+// setSpinning makes the process look as if it had procs processors and spinners
+// waiters spinning (everyProcessorSpins), until restore is called.
+func setSpinning(procs, spinners int32) (restore func()) {
+	oldProcs, oldSpinners := processors, spinningWaiters.Load()
+	processors = func() int32 { return procs }
+	spinningWaiters.Store(spinners)
+	return func() {
+		processors = oldProcs
+		spinningWaiters.Store(oldSpinners)
+	}
+}
+
+// TestSpinnersCountedAcrossPollers: waiters spinning on two pollers (two devices, or a
+// device whose CQs filled) count together toward every processor spinning, each
+// counted from its beginSpin to its endSpin.
+func TestSpinnersCountedAcrossPollers(t *testing.T) {
+	defer setSpinning(2, 0)()
+	a := &poller{spin: 8, maxSpinners: 2}
+	b := &poller{spin: 8, maxSpinners: 2}
+	ca, cb := &Conn{poll: a}, &Conn{poll: b}
+	require.False(t, a.everyProcessorSpins())
+	require.Equal(t, 8, ca.beginSpin(false))
+	require.False(t, a.everyProcessorSpins(), "one of two processors spins")
+	require.Equal(t, 8, cb.beginSpin(false))
+	require.True(t, a.everyProcessorSpins(), "one spinner on each poller: both processors")
+	require.True(t, b.everyProcessorSpins())
+	b.endSpin()
+	require.False(t, a.everyProcessorSpins())
+	a.endSpin()
+	require.Zero(t, spinningWaiters.Load())
+}
+
+// TestProcessorsRead: processors is GOMAXPROCS, read again once procsMaxAge has
+// passed.
+func TestProcessorsRead(t *testing.T) {
+	require.Equal(t, int32(runtime.GOMAXPROCS(0)), processors())
+	procsReadAt.Store(int64(time.Since(procsEpoch) - procsMaxAge))
+	procsCached.Store(99)
+	require.Equal(t, int32(runtime.GOMAXPROCS(0)), processors(), "read again once old")
 }
 
 // TestAnswerSpinOutside: on a CQ filled outside, the spin of a Read that waits for an
