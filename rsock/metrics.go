@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"weak"
+
+	"github.com/rsockio/rsock/internal/vma"
 )
 
 // Process-wide counters, published with expvar as the variable "rsock" (served as JSON
@@ -22,7 +24,8 @@ import (
 //	  "bytes_read":         {"rdma": 1048576, ...},
 //	  "bytes_written":      {"rdma": 4096, ...},
 //	  "fallbacks":          {"no_provider": 1, "declined_no_device": 1, "plain_client": 1, ...},
-//	  "handshake_failures": {"not_rsock": 1, "timeout": 0, ...}
+//	  "handshake_failures": {"not_rsock": 1, "timeout": 0, ...},
+//	  "memory_mappings":    {"held": 1212, "budget": 32765}
 //	}
 //
 // A connection counts from the moment Dial returns it or Accept hands it out (so a
@@ -32,7 +35,9 @@ import (
 // reason: the keys below, and, for the reasons a peer's decline can carry, the same
 // with "declined_" in front when the peer declined the upgrade for that reason. "handshake_failures" counts connections that failed before Dial
 // returned them or Accept could hand them out, by cause: a Listener's, and a Dialer's
-// after its bootstrap connection was up.
+// after its bootstrap connection was up. "memory_mappings" is the memory mappings
+// rsock's providers hold now (a same-host connection end counts about six) and the most
+// they may hold, half of vm.max_map_count; past it, connections fall back to TCP.
 //
 // Each key set is small and fixed, so the page has the same keys every time.
 
@@ -222,6 +227,7 @@ func (m *processMetrics) snapshot() map[string]map[string]int64 {
 		"bytes_written":      written,
 		"fallbacks":          fallbacks,
 		"handshake_failures": causes,
+		"memory_mappings":    {"held": vma.Held(), "budget": vma.Budget()},
 	}
 }
 

@@ -17,6 +17,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/rsockio/rsock/internal/vma"
+	"github.com/rsockio/rsock/rsock/internal/rdma"
 	"github.com/rsockio/rsock/verbs/soft"
 )
 
@@ -197,4 +199,30 @@ func TestMetricsDoNotPinConns(t *testing.T) {
 	published(t) // the snapshot skips it
 	require.NoError(t, s.Close())
 	require.NoError(t, ln.Close())
+}
+
+// TestMetricsMappings: the expvar variable publishes the memory mappings rsock's
+// providers hold and the most they may hold. A same-host connection holds some while it
+// is open, and none once it closed. It runs in a child process, whose mappings are all
+// this test's.
+func TestMetricsMappings(t *testing.T) {
+	if !inChild(t) {
+		return
+	}
+	require.Equal(t, map[string]int64{"held": 0, "budget": vma.Budget()}, published(t)["memory_mappings"])
+	require.Positive(t, vma.Budget())
+	ln := listen(t, nil)
+	c, s := pipe(t, ln, nil)
+	require.Equal(t, TransportSHM, c.Transport(), "client: %v", c.FallbackReason())
+	requireEcho(t, c, s)
+	held := published(t)["memory_mappings"]["held"]
+	require.Equal(t, vma.Held(), held)
+	require.Positive(t, held, "an open same-host connection")
+	c.Close()
+	s.Close()
+	require.NoError(t, ln.Close())
+	require.Eventually(t, func() bool {
+		rdma.CloseIdle(nil)
+		return published(t)["memory_mappings"]["held"] == 0
+	}, 30*time.Second, time.Millisecond, "every mapping given back")
 }

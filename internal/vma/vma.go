@@ -75,6 +75,10 @@ func Release(n int) { held.Add(-int64(n)) }
 // Held returns the mappings counted now.
 func Held() int64 { return held.Load() }
 
+// Budget returns the most mappings that may be counted at once: half of
+// vm.max_map_count, as last read.
+func Budget() int64 { return budget() }
+
 // budget returns the most mappings that may be counted at once: half of
 // vm.max_map_count, as last read, or SetBudget's.
 func budget() int64 {
