@@ -134,11 +134,11 @@ const onHostAnswerScale = 8
 func (p *poller) pause(polls int) {
 	y := p.spinYielder()
 	switch {
-	case p.yields() && p.everyProcessorSpins():
-		// The poll yielded its thread, but not the processor to this process's other
-		// goroutines: see everyProcessorSpins.
-		y.Gosched()
-	case p.yields(): // the poll yielded already
+	case p.yields(): // the poll yielded its thread already
+		if p.everyProcessorSpins() {
+			// but not the processor to this process's other goroutines
+			y.Gosched()
+		}
 	case !p.outside || polls%outsideGoschedEvery == 0:
 		y.Gosched()
 	case p.onHost: // polls on: see above
