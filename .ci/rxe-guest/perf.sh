@@ -11,8 +11,12 @@
 # Measures: stream of 64 KiB and 4 KiB writes (throughput), 64 B ping-pong (round trip).
 #   perftest: ib_write_bw's "BW average" (MiB/s, converted) and ib_write_lat's t_typical
 #     (its median, half a round trip: doubled).
-#   rstream: -C transfers one way then back, per iteration; Gb/sec counts all the bytes
-#     over the whole time. usec/xfer with -C 1 is half a round trip: doubled.
+#   rstream: -C transfers one way then back, per iteration; usec/xfer is the whole time
+#     over all the transfers, so a stream's MB/s is the transfer size over usec/xfer. Its
+#     Gb/sec column would do too, but it prints two decimals: at the VM's 10 MB/s (0.08
+#     Gb/sec) that is a step of 1.25 MB/s, and the 4 KiB figure read 7.5 or 10.0 MB/s
+#     for runs of 7.2 to 10.8 (up to 7% off). usec/xfer with -C 1 is half a round trip:
+#     doubled.
 #   rsockperf: RsockRDMA, stream MB/s and pingpong p50 (a round trip), with the default
 #     polling (Config.PollSpin: a short spin, then sleep on the completion channel); and
 #     the 64 B pingpong again in spinning mode (rtt_64B_spin: -spin 100000 on both sides,
@@ -49,13 +53,16 @@ perftest_once() {
   case $v in
     *inf*|*nan*) echo "no finite figure in $tool's output ($v)"; return 2 ;;
   esac
+  # A failed calibration makes the clock rate 0: latencies inf, bandwidths 0.
+  grep -q 'Correlation coefficient r^2' /tmp/pt_c.log && [ "$(awk -v v="$v" 'BEGIN { print (v + 0 > 0) }')" = 0 ] && {
+    echo "no figure in $tool's output: its clock calibration failed ($v)"; return 2; }
   record perftest "$measure" "$v"
 }
 
-# perftest: perftest_once, again (up to three tries) when the tool printed inf: its
-# latency tests time with the cycle counter, and when its calibration of the counter
-# against the clock fails (r^2 < 0.9, which an emulated CPU on a busy host can give),
-# every time it prints is inf. After three, the figure is recorded as "-" (not measured),
+# perftest: perftest_once, again (up to three tries) when the tool printed inf or a
+# bandwidth of 0: it times with the cycle counter, and when its calibration of the
+# counter against the clock fails (r^2 < 0.9, which an emulated CPU on a busy host can
+# give), every time it prints is inf and every bandwidth 0.00. After three, the figure is recorded as "-" (not measured),
 # which perf_ratios prints as such rather than as a ratio.
 perftest() {
   local try=1 rc
@@ -91,6 +98,14 @@ rcpingpong_run() {
   record rcpingpong "$measure" "$v"
 }
 
+# transfer_size <args...>: the value of rstream's -S among args.
+transfer_size() {
+  while [ $# -gt 1 ]; do
+    [ "$1" = -S ] && { echo "$2"; return; }
+    shift
+  done
+}
+
 RSPORT=7470
 # rstream_run <measure> <args...>: an rstream pair, client bound to A.
 rstream_run() {
@@ -116,7 +131,7 @@ rstream_run() {
   [ $crc = 0 ] && [ $src = 0 ] || { echo "--- server:"; cat /tmp/rs_s.log; echo "client $crc, server $src"; return 1; }
   case $measure in
     rtt*) v=$(awk '$NF ~ /^[0-9.]+$/ && NF >= 8 { printf "%.2f", $NF * 2 }' /tmp/rs_c.log) ;;
-    *) v=$(awk '$NF ~ /^[0-9.]+$/ && NF >= 8 { printf "%.1f", $(NF - 1) * 1000 / 8 }' /tmp/rs_c.log) ;;
+    *) v=$(awk -v size="$(transfer_size "$@")" '$NF ~ /^[0-9.]+$/ && NF >= 8 && $NF > 0 { printf "%.2f", size / $NF }' /tmp/rs_c.log) ;;
   esac
   [ -n "$v" ] || { echo "no figure in rstream's output"; return 1; }
   record rstream "$measure" "$v"
