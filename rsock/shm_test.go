@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -425,4 +426,60 @@ func TestSHMFileSizeLimit(t *testing.T) {
 	t.Logf("ring %d bytes, staging %d", st.RingSize, c.Stats().StagingSize)
 	require.LessOrEqual(t, st.RingSize, limit)
 	requireEcho(t, c, s)
+}
+
+// TestSHMManyGrowingStreams: more same-host connections than a CQ's Polls drive
+// (verbs/shm's maxDriven), streaming at once through growing rings (Config.GrowRingTo,
+// as a Listener gives past half its memory limits), all carry their bytes. A ring's
+// growth makes the writer's QP ask for the new region behind unsignaled writes in
+// flight; before verbs/shm's setStalled, the acknowledgements of those writes woke
+// nobody, and every stream stopped for good (64 connections, 2026-11-30).
+func TestSHMManyGrowingStreams(t *testing.T) {
+	const conns, total = 72, 1 << 20
+	cfg := &Config{GrowRingTo: 4 << 20}
+	ln := listen(t, cfg)
+	clients, servers := make([]*Conn, conns), make([]*Conn, conns)
+	for i := range conns {
+		clients[i], servers[i] = pipe(t, ln, cfg)
+		defer clients[i].Close()
+		defer servers[i].Close()
+		require.Equal(t, TransportSHM, clients[i].Transport(), "client %d: %v", i, clients[i].FallbackReason())
+	}
+	deadline := time.Now().Add(time.Minute) // a bound on what must happen, not a timing
+	errs := make(chan error, 2*conns)
+	var wg sync.WaitGroup
+	for i := range conns {
+		c, s := clients[i], servers[i]
+		require.NoError(t, c.SetDeadline(deadline))
+		require.NoError(t, s.SetDeadline(deadline))
+		wg.Go(func() {
+			buf := make([]byte, 64<<10)
+			for off := 0; off < total; off += len(buf) {
+				if _, err := c.Write(buf); err != nil {
+					errs <- fmt.Errorf("client %d: write at %d: %w", i, off, err)
+					return
+				}
+			}
+			if err := c.CloseWrite(); err != nil {
+				errs <- fmt.Errorf("client %d: close write: %w", i, err)
+			}
+		})
+		wg.Go(func() {
+			if n, err := io.Copy(io.Discard, s); err != nil || n != total {
+				errs <- fmt.Errorf("server %d: read %d bytes of %d: %v", i, n, total, err)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	grown := 0
+	for _, s := range servers {
+		if s.Stats().RingSize > rdma.DefaultRingSize {
+			grown++
+		}
+	}
+	require.NotZero(t, grown, "no ring grew: the test no longer covers a region switch")
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -45,6 +46,10 @@ type peerConn struct {
 	// and querying (a region query awaits its answer on the socket) forbids it.
 	wake     chan struct{}
 	querying atomic.Bool
+	// stalled says the requester holds WRs it cannot publish before the answers to
+	// those in flight come (setStalled), plain acknowledgements among them, which wake
+	// no sleeping reader: readLoop then watches the response ring rather than sleep.
+	stalled atomic.Bool
 
 	// mu guards the consumption of the response ring, by readLoop or a Poll of the send
 	// CQ (drive.go), and the mapping: readLoop unmaps it, last, under mu.
@@ -176,6 +181,28 @@ func (pc *peerConn) addRegion(m *msg, fd int) error {
 	return nil
 }
 
+// setStalled records whether the requester waits for the answers to its requests in
+// flight before it can publish more: a WR behind them needs an empty pipeline (a region
+// query, a local error's completion, a fence) or room (maxInflight). A responder rings
+// the doorbell of a sleeping reader only for the responses it was asked to (a
+// signaled WR, a pipeline filling up) or that are not plain acknowledgements, so that a
+// stream of unsignaled writes costs no system call per request; but a requester that
+// stalls behind unsignaled writes would wait for their acknowledgements forever, once
+// nothing else drains the response ring: no Poll of the send CQ (armed, or a CQ of more
+// than maxDriven QPs) and readLoop asleep on the socket. On the stall's start, setStalled
+// ends readLoop's lease and its sleep (a read deadline in the past), and readLoop
+// watches the ring until the stall ends (readLoop). The caller holds the QP's sq.mu.
+func (pc *peerConn) setStalled(stalled bool) {
+	if pc.stalled.Load() == stalled {
+		return
+	}
+	pc.stalled.Store(stalled)
+	if stalled {
+		pc.endLease()
+		pc.c.SetReadDeadline(time.Now())
+	}
+}
+
 // fail ends the connection because the peer broke the protocol.
 func (pc *peerConn) fail(error) {
 	pc.dead.Store(true)
@@ -217,9 +244,10 @@ func (pc *peerConn) readLoop() {
 		pc.mu.Lock()
 		var got int
 		got, err = pc.drainLocked()
-		sleep, leased := false, false
+		sleep, leased, stalled, pos := false, false, false, pc.resp.pos
 		if err == nil && got == 0 {
-			if leased = pc.leasable(&watch); !leased {
+			stalled = pc.stalled.Load() && !pc.querying.Load()
+			if leased = stalled || pc.leasable(&watch); !leased {
 				atomic.StoreUint32(pc.resp.sleep, 1)
 				if sleep = !pc.resp.pending(); !sleep { // published before the word was seen
 					atomic.StoreUint32(pc.resp.sleep, 0)
@@ -229,6 +257,9 @@ func (pc *peerConn) readLoop() {
 		pc.mu.Unlock()
 		if err != nil {
 			continue
+		}
+		if stalled && spinArmed(pc.resp.prod, pos) {
+			continue // readLoop owns the mapping: no lock needed
 		}
 		if leased {
 			pc.waitLease(lease)
@@ -240,6 +271,10 @@ func (pc *peerConn) readLoop() {
 		var n, oobn, flags int
 		n, oobn, flags, err = r.read()
 		atomic.StoreUint32(pc.resp.sleep, 0)
+		if errors.Is(err, os.ErrDeadlineExceeded) { // setStalled ended the sleep
+			err = pc.c.SetReadDeadline(time.Time{})
+			continue
+		}
 		if err != nil {
 			break
 		}

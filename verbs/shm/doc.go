@@ -59,7 +59,9 @@
 // leaves the ring to the polls and does not say it sleeps, so nothing rings. Arming a
 // CQ says so for every ring that feeds it. Responses wake a sleeping requester only
 // when it asked (a signaled WR, a READ, a pipeline filling up) or when they are not
-// plain acknowledgements.
+// plain acknowledgements; a requester whose next WR must wait for the answers in flight
+// (a region query, a fence) does not sleep but watches its response ring until they
+// come.
 //
 // In shared memory are payload bytes, the channel's records and its cursors, nothing
 // else: a peer that scribbles over a region it was given can change only the bytes of

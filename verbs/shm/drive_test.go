@@ -174,3 +174,49 @@ func TestPipelinedSendsFillRing(t *testing.T) {
 	}
 	require.Equal(t, x.mr.Bytes(), y.mr.Bytes(), "the payloads")
 }
+
+// TestStallBehindUnsignaled: a requester whose next WR needs an empty pipeline (here a
+// region query: the WRs alternate between two regions of the destination, and a QP
+// keeps one mapped) behind an unsignaled WRITE in flight still completes it, with no
+// Poll to drain the response ring: the plain acknowledgement of the unsignaled WRITE
+// rings no doorbell, so the requester's reader must not sleep through it. The
+// completion is awaited on the completion channel, as a poller that sleeps does.
+// Before setStalled, the requester waited for that acknowledgement forever in most
+// rounds (rsock: same-host streams with growing rings stopped, 64 connections at once).
+func TestStallBehindUnsignaled(t *testing.T) {
+	p := newProvider(t, 2)
+	x, xch := newEventEnd(t, p, "shm0", 4096)
+	y := newEnd(t, p, "shm1", 4096)
+	other, err := y.pd.RegMR(4096, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
+	require.NoError(t, err)
+	defer other.Close()
+	connectEnds(t, x, y, 0, 7)
+	var wc [4]verbs.WorkCompletion
+	for round := range 50 {
+		first, second := verbs.MR(y.mr), other
+		if round%2 == 1 {
+			first, second = other, y.mr
+		}
+		plain := writeImm(uint64(2*round), x.mr, first, 0, 8)
+		plain.Opcode, plain.Flags = verbs.OpRDMAWrite, 0
+		signaled := writeImm(uint64(2*round+1), x.mr, second, 8, 8)
+		signaled.Opcode = verbs.OpRDMAWrite
+		require.NoError(t, x.cq.ReqNotify(false))
+		require.NoError(t, x.qp.PostSend([]verbs.SendWR{plain, signaled}))
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second) // a bound, not a timing
+		n := 0
+		for n == 0 {
+			if n, err = x.cq.Poll(wc[:]); err == nil && n == 0 {
+				_, err = xch.Wait(ctx)
+				require.NoError(t, err, "round %d: no completion", round)
+				require.NoError(t, x.cq.ReqNotify(false))
+				n, err = x.cq.Poll(wc[:])
+			}
+			require.NoError(t, err)
+		}
+		cancel()
+		require.Equal(t, 1, n, "round %d", round)
+		require.Equal(t, verbs.WCSuccess, wc[0].Status, "round %d", round)
+		require.Equal(t, uint64(2*round+1), wc[0].WRID)
+	}
+}

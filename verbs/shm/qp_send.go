@@ -183,6 +183,14 @@ func (q *QP) runSQ() {
 // answered. WRs that fail locally complete at once and the next one starts. In ERROR it
 // flushes the queue.
 func (q *QP) kickLocked() {
+	q.kickSomeLocked()
+	if c := q.sq.conn; c != nil {
+		c.setStalled(q.sq.inflight > 0 && q.sq.n > q.sq.inflight && !q.sq.querying && !q.sq.waiting)
+	}
+}
+
+// kickSomeLocked is kickLocked's loop: it publishes what it can.
+func (q *QP) kickSomeLocked() {
 	for q.sq.n > q.sq.inflight && !q.sq.querying && !q.sq.waiting {
 		if q.sq.fence {
 			if q.sq.inflight > 0 {
