@@ -190,8 +190,9 @@ func (pc *peerConn) addRegion(m *msg, fd int) error {
 // stalls behind unsignaled writes would wait for their acknowledgements forever, once
 // nothing else drains the response ring: no Poll of the send CQ (armed, or a CQ of more
 // than maxDriven QPs) and readLoop asleep on the socket. On the stall's start, setStalled
-// ends readLoop's lease and its sleep (a read deadline in the past), and readLoop
-// watches the ring until the stall ends (readLoop). The caller holds the QP's sq.mu.
+// ends readLoop's lease and its sleep (a read deadline in the past), and until the stall
+// ends readLoop watches the ring a moment before each sleep and sleeps for pollLease at
+// most. The caller holds the QP's sq.mu.
 func (pc *peerConn) setStalled(stalled bool) {
 	if pc.stalled.Load() == stalled {
 		return
@@ -247,7 +248,7 @@ func (pc *peerConn) readLoop() {
 		sleep, leased, stalled, pos := false, false, false, pc.resp.pos
 		if err == nil && got == 0 {
 			stalled = pc.stalled.Load() && !pc.querying.Load()
-			if leased = stalled || pc.leasable(&watch); !leased {
+			if leased = !stalled && pc.leasable(&watch); !leased {
 				atomic.StoreUint32(pc.resp.sleep, 1)
 				if sleep = !pc.resp.pending(); !sleep { // published before the word was seen
 					atomic.StoreUint32(pc.resp.sleep, 0)
@@ -258,9 +259,6 @@ func (pc *peerConn) readLoop() {
 		if err != nil {
 			continue
 		}
-		if stalled && spinArmed(pc.resp.prod, pos) {
-			continue // readLoop owns the mapping: no lock needed
-		}
 		if leased {
 			pc.waitLease(lease)
 			continue
@@ -268,10 +266,21 @@ func (pc *peerConn) readLoop() {
 		if !sleep {
 			continue
 		}
+		if stalled {
+			// Plain acknowledgements ring no doorbell: watch the ring a moment, then sleep
+			// for pollLease at most, reading the socket still, where the peer's death shows.
+			if spinArmed(pc.resp.prod, pos) { // readLoop owns the mapping: no lock needed
+				atomic.StoreUint32(pc.resp.sleep, 0)
+				continue
+			}
+			if err = pc.c.SetReadDeadline(time.Now().Add(pollLease)); err != nil {
+				break
+			}
+		}
 		var n, oobn, flags int
 		n, oobn, flags, err = r.read()
 		atomic.StoreUint32(pc.resp.sleep, 0)
-		if errors.Is(err, os.ErrDeadlineExceeded) { // setStalled ended the sleep
+		if errors.Is(err, os.ErrDeadlineExceeded) { // a stall's wait ended (setStalled)
 			err = pc.c.SetReadDeadline(time.Time{})
 			continue
 		}
