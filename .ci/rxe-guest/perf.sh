@@ -62,8 +62,8 @@ perftest_once() {
 # perftest: perftest_once, again (up to three tries) when the tool printed inf or a
 # bandwidth of 0: it times with the cycle counter, and when its calibration of the
 # counter against the clock fails (r^2 < 0.9, which an emulated CPU on a busy host can
-# give), every time it prints is inf and every bandwidth 0.00. After three, the figure is recorded as "-" (not measured),
-# which perf_ratios prints as such rather than as a ratio.
+# give), every time it prints is inf and every bandwidth 0.00. After three, the figure is
+# recorded as "-" (not measured), which perf_ratios prints as such rather than as a ratio.
 perftest() {
   local try=1 rc
   while :; do
@@ -109,7 +109,7 @@ transfer_size() {
 RSPORT=7470
 # rstream_run <measure> <args...>: an rstream pair, client bound to A.
 rstream_run() {
-  local measure=$1 spid crc src v
+  local measure=$1 spid crc src v size
   shift
   RSPORT=$((RSPORT + 1))
   timeout -k 5 150 rstream -f ip -b $B -p $RSPORT "$@" > /tmp/rs_s.log 2>&1 &
@@ -131,7 +131,10 @@ rstream_run() {
   [ $crc = 0 ] && [ $src = 0 ] || { echo "--- server:"; cat /tmp/rs_s.log; echo "client $crc, server $src"; return 1; }
   case $measure in
     rtt*) v=$(awk '$NF ~ /^[0-9.]+$/ && NF >= 8 { printf "%.2f", $NF * 2 }' /tmp/rs_c.log) ;;
-    *) v=$(awk -v size="$(transfer_size "$@")" '$NF ~ /^[0-9.]+$/ && NF >= 8 && $NF > 0 { printf "%.2f", size / $NF }' /tmp/rs_c.log) ;;
+    *)
+      size=$(transfer_size "$@")
+      [ -n "$size" ] || { echo "rstream_run $measure: no -S among the arguments"; return 1; }
+      v=$(awk -v size="$size" '$NF ~ /^[0-9.]+$/ && NF >= 8 && $NF > 0 { printf "%.2f", size / $NF }' /tmp/rs_c.log) ;;
   esac
   [ -n "$v" ] || { echo "no figure in rstream's output"; return 1; }
   record rstream "$measure" "$v"

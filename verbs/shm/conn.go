@@ -191,8 +191,8 @@ func (pc *peerConn) addRegion(m *msg, fd int) error {
 // nothing else drains the response ring: no Poll of the send CQ (armed, or a CQ of more
 // than maxDriven QPs) and readLoop asleep on the socket. On the stall's start, setStalled
 // ends readLoop's lease and its sleep (a read deadline in the past), and until the stall
-// ends readLoop watches the ring a moment before each sleep and sleeps for pollLease at
-// most. The caller holds the QP's sq.mu.
+// ends readLoop, unless Polls drive the ring, watches it a moment and then sleeps with a
+// deadline (readLoop). The caller holds the QP's sq.mu.
 func (pc *peerConn) setStalled(stalled bool) {
 	if pc.stalled.Load() == stalled {
 		return
@@ -203,6 +203,9 @@ func (pc *peerConn) setStalled(stalled bool) {
 		pc.c.SetReadDeadline(time.Now())
 	}
 }
+
+// maxStallWait bounds a stalled readLoop's sleep between looks at its response ring.
+const maxStallWait = 64 * time.Millisecond
 
 // fail ends the connection because the peer broke the protocol.
 func (pc *peerConn) fail(error) {
@@ -241,14 +244,15 @@ func (pc *peerConn) readLoop() {
 	watch := pollWatch{cq: pc.q.sendCQ}
 	lease := time.NewTimer(pollLease)
 	defer lease.Stop()
+	spun, stallWait := false, pollLease // this stall's spin, and its next sleep
 	for err == nil && !pc.dead.Load() {
 		pc.mu.Lock()
 		var got int
 		got, err = pc.drainLocked()
 		sleep, leased, stalled, pos := false, false, false, pc.resp.pos
 		if err == nil && got == 0 {
-			stalled = pc.stalled.Load() && !pc.querying.Load()
-			if leased = !stalled && pc.leasable(&watch); !leased {
+			if leased = pc.leasable(&watch); !leased {
+				stalled = pc.stalled.Load() && !pc.querying.Load()
 				atomic.StoreUint32(pc.resp.sleep, 1)
 				if sleep = !pc.resp.pending(); !sleep { // published before the word was seen
 					atomic.StoreUint32(pc.resp.sleep, 0)
@@ -256,6 +260,9 @@ func (pc *peerConn) readLoop() {
 			}
 		}
 		pc.mu.Unlock()
+		if got > 0 || !stalled {
+			spun, stallWait = false, pollLease
+		}
 		if err != nil {
 			continue
 		}
@@ -267,15 +274,21 @@ func (pc *peerConn) readLoop() {
 			continue
 		}
 		if stalled {
-			// Plain acknowledgements ring no doorbell: watch the ring a moment, then sleep
-			// for pollLease at most, reading the socket still, where the peer's death shows.
-			if spinArmed(pc.resp.prod, pos) { // readLoop owns the mapping: no lock needed
-				atomic.StoreUint32(pc.resp.sleep, 0)
-				continue
+			// Plain acknowledgements ring no doorbell: watch the ring a moment, once a
+			// stall, then sleep for stallWait at most, from pollLease doubling to
+			// maxStallWait (a peer that lives but does not answer costs a wake-up now and
+			// then), reading the socket still, where the peer's death shows.
+			if !spun {
+				spun = true
+				if spinArmed(pc.resp.prod, pos) { // readLoop owns the mapping: no lock needed
+					atomic.StoreUint32(pc.resp.sleep, 0)
+					continue
+				}
 			}
-			if err = pc.c.SetReadDeadline(time.Now().Add(pollLease)); err != nil {
+			if err = pc.c.SetReadDeadline(time.Now().Add(stallWait)); err != nil {
 				break
 			}
+			stallWait = min(2*stallWait, maxStallWait)
 		}
 		var n, oobn, flags int
 		n, oobn, flags, err = r.read()
