@@ -48,7 +48,7 @@ type peerConn struct {
 	querying atomic.Bool
 	// stalled says the requester holds WRs it cannot publish before the answers to
 	// those in flight come (setStalled), plain acknowledgements among them, which wake
-	// no sleeping reader: readLoop then watches the response ring rather than sleep.
+	// no sleeping reader: readLoop then sleeps with a deadline, not until a doorbell.
 	stalled atomic.Bool
 
 	// mu guards the consumption of the response ring, by readLoop or a Poll of the send
@@ -293,7 +293,7 @@ func (pc *peerConn) readLoop() {
 		var n, oobn, flags int
 		n, oobn, flags, err = r.read()
 		atomic.StoreUint32(pc.resp.sleep, 0)
-		if errors.Is(err, os.ErrDeadlineExceeded) { // a stall's wait ended (setStalled)
+		if errors.Is(err, os.ErrDeadlineExceeded) { // a stall's sleep ended, or setStalled ended one
 			err = pc.c.SetReadDeadline(time.Time{})
 			continue
 		}
