@@ -60,8 +60,8 @@
 // CQ says so for every ring that feeds it. Responses wake a sleeping requester only
 // when it asked (a signaled WR, a READ, a pipeline filling up) or when they are not
 // plain acknowledgements; a requester whose next WR must wait for the answers in flight
-// (a region query, a fence) does not sleep but watches its response ring until they
-// come.
+// (a region query, a fence) watches its response ring a moment, then sleeps with a
+// deadline (1 ms, doubling to 64 ms) until they come.
 //
 // In shared memory are payload bytes, the channel's records and its cursors, nothing
 // else: a peer that scribbles over a region it was given can change only the bytes of
