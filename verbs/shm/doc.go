@@ -21,12 +21,15 @@
 //
 // # How it works
 //
-// Memory regions are memfds, mapped shared and sealed against shrinking. A requester QP
-// connects to its destination QP's socket (SOCK_SEQPACKET) and passes, with its hello, a
-// channel: a memfd holding a request ring and a response ring, their cursors and a
-// "sleeping" word for each consumer (channel.go). It places its work requests in the
-// request ring, numbered by PSN, many ahead of their answers (pipelined), and the
-// responder answers each, in order, in the response ring:
+// Memory regions are memfds, mapped shared and sealed against shrinking; a region of
+// the caller's own memory (PD.RegLocalMemory, verbs.LocalMemoryRegistrar) is no memfd,
+// and serves only as a local buffer of this process's work requests, which copy out of
+// and into it themselves: no peer can map it, so it grants no remote access. A
+// requester QP connects to its destination QP's socket (SOCK_SEQPACKET) and passes,
+// with its hello, a channel: a memfd holding a request ring and a response ring, their
+// cursors and a "sleeping" word for each consumer (channel.go). It places its work
+// requests in the request ring, numbered by PSN, many ahead of their answers
+// (pipelined), and the responder answers each, in order, in the response ring:
 //
 //   - RDMA WRITE (with or without immediate): the first request naming an rkey asks the
 //     responder for that region; the responder passes the memfd (SCM_RIGHTS, on the

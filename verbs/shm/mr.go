@@ -18,12 +18,13 @@ import (
 // peer that maps it can never fault on a truncated file. A peer QP whose requests name
 // the region's rkey gets the descriptor (read-only when the region grants remote read
 // only) and maps it; RDMA WRITE and READ then copy straight into and out of it. Addr is
-// the address of the mapping in this process.
+// the address of the mapping in this process. A region of the caller's own memory
+// (RegLocalMemory) has no memfd, and only this process's work requests name it.
 type MR struct {
 	pd     *PD
 	dev    *device
-	fd     int
-	mem    []byte    // the whole mapping, whole pages
+	fd     int       // -1: the caller's memory (RegLocalMemory)
+	mem    []byte    // the whole mapping, whole pages; nil for the caller's memory
 	reg    rc.Region // mem[:length], its address here and access rights, as the RC core checks them
 	key    uint32
 	closed atomic.Bool
@@ -66,6 +67,54 @@ func (p *PD) RegMR(length int, access verbs.AccessFlags) (verbs.MR, error) {
 		p.refs.Release()
 		d.nMR.Add(-1)
 		return nil, fmt.Errorf("shm: register MR: %w", err)
+	}
+	m.key = key
+	return m, nil
+}
+
+var _ verbs.LocalMemoryRegistrar = (*PD)(nil)
+
+// RegLocalMemory registers buf, memory the caller owns, for this process's own work
+// requests: it implements [verbs.LocalMemoryRegistrar]. A peer can map only a memfd
+// (RegMR's regions), so remote access is refused; but a requester copies an RDMA
+// WRITE's or a send's payload from its local SGEs itself, and a responder copies a
+// received message into its receive WQE's, so any memory of this process serves
+// there. The region's Bytes is buf: Close deregisters it, waiting for a copy under
+// way as RegMR's regions do, and leaves buf alone. It counts against the device's MR
+// limit like RegMR's regions.
+func (p *PD) RegLocalMemory(buf []byte, access verbs.AccessFlags) (verbs.MR, error) {
+	d := p.ctx.dev
+	if err := provider.CheckRegMR(len(buf), maxRegionSize, access); err != nil {
+		return nil, err
+	}
+	if access&(verbs.AccessRemoteWrite|verbs.AccessRemoteRead) != 0 {
+		return nil, fmt.Errorf("shm: register memory: remote access to memory not shared with peers: %w", verbs.ErrInvalidArgument)
+	}
+	if err := d.p.injectedFailure(allocMR); err != nil {
+		return nil, fmt.Errorf("shm: register memory: %w", err)
+	}
+	if !reserve(&d.nMR, maxMR) {
+		return nil, fmt.Errorf("shm: register memory: device limit of %d MRs: %w", maxMR, verbs.ErrNoResources)
+	}
+	if err := p.refs.Acquire(); err != nil {
+		d.nMR.Add(-1)
+		return nil, fmt.Errorf("shm: register memory: %w", err)
+	}
+	if buf == nil {
+		buf = []byte{}
+	}
+	m := &MR{pd: p, dev: d, fd: -1, reg: rc.Region{
+		PD:     &p.refs,
+		Buf:    buf[:len(buf):len(buf)],
+		Addr:   uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf)))),
+		Access: access,
+	}}
+	m.reg.Owner = m
+	key, err := d.mrs.Insert(&m.reg)
+	if err != nil {
+		p.refs.Release()
+		d.nMR.Add(-1)
+		return nil, fmt.Errorf("shm: register memory: %w", err)
 	}
 	m.key = key
 	return m, nil
@@ -145,6 +194,10 @@ func mapPeerRegion(fd int, size uint64, quota *mapQuota) (mem []byte, writable b
 // remote write, a read-only reopening when it grants remote read only, so that the peer
 // cannot map it writable. The caller closes it. The caller holds m.dev.mrMu for reading.
 func (m *MR) shareFD() (int, error) {
+	if m.fd < 0 {
+		// RegLocalMemory's: no remote access, so regionFor never shares one.
+		return -1, fmt.Errorf("shm: share region: caller memory registered for local access only: %w", verbs.ErrInvalidArgument)
+	}
 	if m.reg.Access&verbs.AccessRemoteWrite != 0 {
 		fd, err := unix.FcntlInt(uintptr(m.fd), unix.F_DUPFD_CLOEXEC, 0)
 		if err != nil {
@@ -185,8 +238,10 @@ func (m *MR) Close() error {
 	// A request already past its checks may be copying: keep the mapping until no
 	// responder holds the device's region table, as a DMA under way finishes.
 	m.dev.mrMu.Lock()
-	unmap(m.mem, nil)
-	unix.Close(m.fd)
+	if m.fd >= 0 { // else the caller's memory (RegLocalMemory), not ours to unmap
+		unmap(m.mem, nil)
+		unix.Close(m.fd)
+	}
 	m.dev.mrMu.Unlock()
 	m.dev.nMR.Add(-1)
 	m.pd.refs.Release()

@@ -53,10 +53,24 @@ func (c *countingContext) AllocPD() (verbs.PD, error) {
 		return nil, err
 	}
 	cp := &countingPD{PD: pd, r: c.r}
-	if reg, ok := pd.(verbs.MemoryRegistrar); ok {
-		return &countingRegPD{countingPD: cp, reg: reg}, nil // keep the capability visible
+	switch reg := pd.(type) { // keep the capability visible
+	case verbs.MemoryRegistrar:
+		return &countingRegPD{countingPD: cp, reg: reg}, nil
+	case verbs.LocalMemoryRegistrar:
+		return &countingLocalRegPD{countingPD: cp, reg: reg}, nil
 	}
 	return cp, nil
+}
+
+// countingLocalRegPD is countingRegPD for a provider that registers caller memory for
+// local access only (verbs/shm).
+type countingLocalRegPD struct {
+	*countingPD
+	reg verbs.LocalMemoryRegistrar
+}
+
+func (p *countingLocalRegPD) RegLocalMemory(buf []byte, access verbs.AccessFlags) (verbs.MR, error) {
+	return p.reg.RegLocalMemory(buf, access)
 }
 
 // countingRegPD is a countingPD whose provider registers caller memory: it passes

@@ -6,6 +6,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/shm"
 	"github.com/rsockio/rsock/verbs/soft"
 )
 
@@ -38,4 +39,30 @@ func TestCountRegisteredKeepsCapabilities(t *testing.T) {
 	require.NoError(t, um.Close())
 	require.NoError(t, mr.Close())
 	require.Zero(t, r.bytes.Load())
+}
+
+// TestCountRegisteredKeepsLocalRegistrar is TestCountRegisteredKeepsCapabilities for a
+// PD that registers caller memory for local access only (shm).
+func TestCountRegisteredKeepsLocalRegistrar(t *testing.T) {
+	sp, err := shm.New(shm.Options{})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, sp.Close()) }()
+	var r regCounter
+	ctx, err := countRegistered(sp, &r).Open("shm0")
+	require.NoError(t, err)
+	defer ctx.Close()
+	pd, err := ctx.AllocPD()
+	require.NoError(t, err)
+	defer pd.Close()
+
+	_, full := pd.(verbs.MemoryRegistrar)
+	require.False(t, full, "the wrapper adds no capability")
+	reg, ok := pd.(verbs.LocalMemoryRegistrar)
+	require.True(t, ok, "the wrapped shm PD registers caller memory for local access")
+	buf := make([]byte, 8192)
+	um, err := reg.RegLocalMemory(buf, verbs.AccessLocalWrite)
+	require.NoError(t, err)
+	require.Same(t, &buf[0], &um.Bytes()[0])
+	require.Zero(t, r.bytes.Load(), "caller memory is not counted")
+	require.NoError(t, um.Close())
 }

@@ -8,20 +8,24 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/shm"
 	"github.com/rsockio/rsock/verbs/soft"
 )
 
 // (Not built with -race: the race detector's instrumentation allocates.)
 
-// TestWriteDirectPinnedAllocs checks that direct Writes on a provider that pins, whose
-// registrations are counted (directpin.go), allocate nothing once the buffer is
-// registered, and that they were direct: on soft made to pin, and, where this build
-// has one and the machine a device (built with -tags rdma, in the Soft-RoCE VM), on the
-// default provider, rdma-core's registrations of Go memory included.
+// TestWriteDirectPinnedAllocs checks that direct Writes of directPinMinWrite bytes, the
+// least on a provider that pins, whose registrations are counted (directpin.go), or
+// registers local memory only, allocate nothing once the buffer is registered, and that
+// they were direct: on soft made to pin, on shm, and, where this build has one and the
+// machine a device (built with -tags rdma, in the Soft-RoCE VM), on the default
+// provider, rdma-core's registrations of Go memory included.
 func TestWriteDirectPinnedAllocs(t *testing.T) {
 	f := soft.New(soft.Options{})
-	provs := withDefaultProvider(t, allocProvider{"soft-pinning", &pinningRegProvider{Fabric: f}, f})
+	sp, err := shm.New(shm.Options{})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, sp.Close()) }()
+	provs := withDefaultProvider(t, allocProvider{"soft-pinning", &pinningRegProvider{Fabric: f}, f}, allocProvider{"shm", sp, nil})
 	const size = directPinMinWrite
 	for _, pv := range provs {
 		t.Run(pv.name, func(t *testing.T) {
@@ -42,10 +46,7 @@ func TestWriteDirectPinnedAllocs(t *testing.T) {
 				}
 			})
 			ringAfter := ringSizes(w, r)
-			_, canRegister := w.ep.pd.(verbs.MemoryRegistrar)
-			if canRegister { // soft and ibv; shm (a default on one host) has no direct path
-				require.Equal(t, 1, directRegistered(w), "registered buffers after %d-byte Writes", size)
-			}
+			require.Equal(t, 1, directRegistered(w), "registered buffers after %d-byte Writes", size)
 			require.NoError(t, w.Close())
 			require.ErrorIs(t, <-done, io.EOF)
 			require.NoError(t, r.Close())

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/shm"
 	"github.com/rsockio/rsock/verbs/soft"
 )
 
@@ -154,4 +155,29 @@ func TestWriteDirectPinned(t *testing.T) {
 			require.Equal(t, int64(0), pinned, "pinned bytes after Close")
 		})
 	}
+}
+
+// TestWriteDirectMinOverSHM checks that on shm, which registers local memory only, a
+// direct Write takes directPinMinWrite bytes at least (directMinLocked): one byte less
+// is staged, and both deliver their bytes.
+func TestWriteDirectMinOverSHM(t *testing.T) {
+	p, err := shm.New(shm.Options{})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, p.Close()) }()
+	a, b := connPair(t, p, Options{})
+	got := make(chan []byte, 1)
+	go func() {
+		all, _ := io.ReadAll(b)
+		got <- all
+	}()
+	small, large := streamBytes(1, directPinMinWrite-1), streamBytes(2, directPinMinWrite)
+	_, err = a.Write(small)
+	require.NoError(t, err)
+	require.Zero(t, directRegistered(a), "a Write under directPinMinWrite is staged")
+	_, err = a.Write(large)
+	require.NoError(t, err)
+	require.Equal(t, 1, directRegistered(a), "a Write of directPinMinWrite is direct")
+	require.NoError(t, a.Close())
+	require.Equal(t, append(small, large...), <-got)
+	require.NoError(t, b.Close())
 }

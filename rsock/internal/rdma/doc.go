@@ -209,18 +209,19 @@
 //
 // # Direct writes
 //
-// A Write of 32 KiB or more, on a provider whose protection domain registers memory
-// the caller owns (verbs.MemoryRegistrar: soft and ibv; not shm), skips the staging
-// copy: it registers the application's buffer through a small per-connection cache and
-// posts from it, and returns once the device has completed those sends, so the buffer
-// may be reused at once (zcopy.go). The wire is unchanged, so no capability bit is
-// needed. On a provider that pins (rdma-core), those registrations pin the
-// application's pages, so they are counted like the engine's own regions (below) and
-// bounded (4 MiB a buffer, four buffers a connection, let go when idle); a Write whose
-// registration is refused is staged, never failed. There, direct Writes start at 1 MiB:
-// waiting for the device's completions costs each Write a round trip, which smaller
-// ones do not earn back (directpin.go). On soft they are the application's memory,
-// neither pinned nor counted.
+// A Write of 32 KiB or more, on a provider whose protection domain registers memory the
+// caller owns (verbs.MemoryRegistrar: soft and ibv; verbs.LocalMemoryRegistrar, for its
+// own sends only: shm), skips the staging copy: it registers the application's buffer
+// through a small per-connection cache and posts from it, and returns once the device
+// has completed those sends, so the buffer may be reused at once (zcopy.go). The wire
+// is unchanged, so no capability bit is needed. On a provider that pins (rdma-core),
+// those registrations pin the application's pages, so they are counted like the
+// engine's own regions (below) and bounded (4 MiB a buffer, four buffers a connection,
+// let go when idle); a Write whose registration is refused is staged, never failed.
+// There, and on shm, direct Writes start at 1 MiB: waiting for the device's (or the
+// peer process's) completions costs each Write a round trip, which smaller ones do not
+// earn back (directpin.go). On soft and shm they are the application's memory, neither
+// pinned nor counted.
 //
 // # Direct placement
 //
@@ -229,14 +230,15 @@
 // writes into it, from its own buffer when direct, else from staging: the Read returns
 // the bytes without copying them out of the ring. Both sides must say so in the hello
 // (capPlace) and allow it (Options.NoPlacement), and only endpoints whose PD registers
-// the caller's memory without pinning it do (soft): shm's PD registers nothing of the
-// caller's, and on rdma-core a registration per Read cost more than the copy it saves
-// and a cached one would leave the buffer writable after Read returns (place.go). The
-// buffer's registration is kept in a small cache. A Read that must return while its
-// advertisement may still be used (deadline, Close) cancels it and waits for the
-// answer or for the QP to leave service. A large Write waits briefly for the advertisement of a peer whose Reads
-// wait (place.go's awaitAdvert); without it, the next Write would usually start just
-// before the advertisement arrives and go to the ring.
+// the caller's memory without pinning it do (soft): shm's PD registers the caller's
+// memory for its own sends only, which a peer process cannot reach, and on rdma-core a
+// registration per Read cost more than the copy it saves and a cached one would leave
+// the buffer writable after Read returns (place.go). The buffer's registration is kept
+// in a small cache. A Read that must return while its advertisement may still be used
+// (deadline, Close) cancels it and waits for the answer or for the QP to leave service.
+// A large Write waits briefly for the advertisement of a peer whose Reads wait
+// (place.go's awaitAdvert); without it, the next Write would usually start just before
+// the advertisement arrives and go to the ring.
 //
 // # Registered memory limits
 //

@@ -15,12 +15,14 @@ import (
 // A Write normally copies its bytes into the registered staging buffer and posts them
 // from there; the provider (or the NIC) then copies staging into the peer's ring, and
 // the peer's Read copies the ring into its buffer: three copies. Where the provider can
-// register memory the caller owns (its PD implements [verbs.MemoryRegistrar]: soft
-// and ibv do, shm does not), a Write of at least directMinWrite bytes skips the first:
-// it registers the buffer (through a small per-Conn cache keyed by address range, so a
-// buffer written again is registered once), posts RDMA_WRITE_WITH_IMMs whose SGEs name
-// the buffer, and returns only once the device has completed them, because the
-// application may reuse the buffer as soon as Write returns.
+// register memory the caller owns (its PD implements [verbs.MemoryRegistrar], as soft
+// and ibv do, or [verbs.LocalMemoryRegistrar], as shm does: a direct write's region is
+// named only by this side's SGEs), a Write of at least directMinWrite bytes (1 MiB on
+// ibv and shm: directpin.go) skips the first: it registers the buffer (through a small
+// per-Conn cache keyed by address range, so a buffer written again is registered once),
+// posts RDMA_WRITE_WITH_IMMs whose SGEs name the buffer, and returns only once the
+// device has completed them, because the application may reuse the buffer as soon as
+// Write returns.
 //
 // Nothing changes on the wire: the peer receives the same messages into the same ring,
 // in the same order as staged ones (they share the send queue and flowctl's
@@ -62,6 +64,26 @@ type directWriter struct {
 	torn    bool   // teardown released the QP: no completion will come
 }
 
+// directRegistrar is pd as a registrar of the application's buffers for direct
+// writes, or nil: a [verbs.MemoryRegistrar], or a [verbs.LocalMemoryRegistrar] (shm),
+// since a direct write's region is named only by this side's own SGEs.
+func directRegistrar(pd verbs.PD) verbs.MemoryRegistrar {
+	switch r := pd.(type) {
+	case verbs.MemoryRegistrar:
+		return r
+	case verbs.LocalMemoryRegistrar:
+		return localRegistrar{r}
+	}
+	return nil
+}
+
+// localRegistrar is a verbs.LocalMemoryRegistrar as direct writes use it.
+type localRegistrar struct{ verbs.LocalMemoryRegistrar }
+
+func (r localRegistrar) RegMemory(buf []byte, access verbs.AccessFlags) (verbs.MR, error) {
+	return r.RegLocalMemory(buf, access)
+}
+
 // directMR is one cached registration: buf is the registered memory, kept referenced.
 type directMR struct {
 	mr   verbs.MR
@@ -79,9 +101,9 @@ func (c *Conn) directRegion(p []byte) (verbs.MR, uint64) {
 	if !d.looked {
 		d.looked = true
 		if c.ep != nil && c.ep.pd != nil {
-			d.reg, _ = c.ep.pd.(verbs.MemoryRegistrar)
+			d.reg = directRegistrar(c.ep.pd)
 		}
-		c.pinnedMinLocked() // directpin.go
+		c.directMinLocked() // directpin.go
 	}
 	if d.reg == nil || len(p) < d.minLen {
 		return nil, 0

@@ -18,6 +18,7 @@ import (
 
 	"github.com/rsockio/rsock/flowctl"
 	"github.com/rsockio/rsock/verbs"
+	"github.com/rsockio/rsock/verbs/shm"
 	"github.com/rsockio/rsock/verbs/soft"
 )
 
@@ -332,79 +333,106 @@ func directRegistered(c *Conn) int {
 // soft, with rings small enough that large writes wait for credit and wrap, and checks
 // every byte the reader gets, read in pieces of random sizes.
 func TestWriteDirectStream(t *testing.T) {
-	const thr = 8 << 10
+	for _, tc := range directStreamCases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := soft.New(soft.Options{})
+			directStream(t, f, tc)
+			requireReleased(t, f)
+		})
+	}
+}
+
+// TestWriteDirectStreamOverSHM is TestWriteDirectStream on shm, whose direct writes
+// register the caller's memory for local access only (verbs.LocalMemoryRegistrar) and
+// complete once the peer's goroutine acknowledged them.
+func TestWriteDirectStreamOverSHM(t *testing.T) {
+	p, err := shm.New(shm.Options{})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, p.Close()) }()
+	for _, tc := range directStreamCases {
+		t.Run(tc.name, func(t *testing.T) { directStream(t, p, tc) })
+	}
+}
+
+// directStreamCase is one stream of directStream: the sizes its Writes take in turn.
+type directStreamCase struct {
+	name  string
+	sizes []int
+	opts  Options
+}
+
+// directStreamThreshold is directStream's smallest direct Write.
+const directStreamThreshold = 8 << 10
+
+var directStreamCases = []directStreamCase{
+	{"around threshold", []int{directStreamThreshold - 1, directStreamThreshold, directStreamThreshold + 1}, Options{RingSize: 16 << 10, GrowRingTo: -1}},
+	{"large", []int{256 << 10, 1 << 20}, Options{RingSize: 16 << 10, GrowRingTo: -1}},
+	{"interleaved small and large", []int{1, 100, directStreamThreshold - 1, 3 * directStreamThreshold, 200 << 10}, Options{}},
+	{"no spill", []int{7, 64 << 10, directStreamThreshold + 13}, Options{RingSize: 8 << 10, GrowRingTo: -1, ReadBufferSize: -1}},
+}
+
+// directStream runs tc on a pair of p's: see TestWriteDirectStream. It checks that
+// some Write went direct, and closes both ends.
+func directStream(t *testing.T, p verbs.Provider, tc directStreamCase) {
+	const thr = directStreamThreshold
 	total := 8 << 20
 	if raceEnabled || testing.Short() {
 		total = 2 << 20
 	}
-	for _, tc := range []struct {
-		name  string
-		sizes []int
-		opts  Options
-	}{
-		{"around threshold", []int{thr - 1, thr, thr + 1}, Options{RingSize: 16 << 10, GrowRingTo: -1}},
-		{"large", []int{256 << 10, 1 << 20}, Options{RingSize: 16 << 10, GrowRingTo: -1}},
-		{"interleaved small and large", []int{1, 100, thr - 1, 3 * thr, 200 << 10}, Options{}},
-		{"no spill", []int{7, 64 << 10, thr + 13}, Options{RingSize: 8 << 10, GrowRingTo: -1, ReadBufferSize: -1}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			f := soft.New(soft.Options{})
-			a, b := connPair(t, f, tc.opts)
-			a.direct.minLen = thr // before any Write
-			rng := rand.New(rand.NewPCG(1, uint64(len(tc.name))))
-			want := make([]byte, 0, total)
-			var bufs [3][]byte
-			for i := range bufs {
-				bufs[i] = make([]byte, 1<<20)
-			}
-			var sent []byte
-			for len(want) < total {
-				buf := bufs[rng.IntN(len(bufs))][rng.IntN(64):] // unaligned starts too
-				n := tc.sizes[rng.IntN(len(tc.sizes))]
-				n = min(n, len(buf))
-				for i := range buf[:n] {
-					buf[i] = byte(rng.Uint32())
-				}
-				want = append(want, buf[:n]...)
-				sent = append(sent, 0) // marks one Write
-			}
-			got := make(chan []byte, 1)
-			go func() {
-				var all []byte
-				p := make([]byte, 300<<10)
-				r := rand.New(rand.NewPCG(2, 2))
-				for {
-					n, err := b.Read(p[:1+r.IntN(len(p)-1)])
-					all = append(all, p[:n]...)
-					if err != nil {
-						got <- all
-						return
-					}
-				}
-			}()
-			// Replay the same sequence of Writes.
-			rng = rand.New(rand.NewPCG(1, uint64(len(tc.name))))
-			off := 0
-			for range sent {
-				buf := bufs[rng.IntN(len(bufs))][rng.IntN(64):]
-				n := min(tc.sizes[rng.IntN(len(tc.sizes))], len(buf))
-				for i := range buf[:n] {
-					buf[i] = byte(rng.Uint32())
-				}
-				require.Equal(t, want[off:off+n], buf[:n])
-				k, err := a.Write(buf[:n])
-				require.NoError(t, err)
-				require.Equal(t, n, k)
-				off += n
-			}
-			require.NoError(t, a.Close())
-			all := <-got
-			require.Equal(t, len(want), len(all), "bytes read")
-			require.True(t, bytes.Equal(want, all), "the stream read differs from the one written")
-			require.NoError(t, b.Close())
-			requireReleased(t, f)
-		})
+	a, b := connPair(t, p, tc.opts)
+	a.direct.minLen = thr // before any Write
+	rng := rand.New(rand.NewPCG(1, uint64(len(tc.name))))
+	want := make([]byte, 0, total)
+	var bufs [3][]byte
+	for i := range bufs {
+		bufs[i] = make([]byte, 1<<20)
 	}
+	var sent []byte
+	for len(want) < total {
+		buf := bufs[rng.IntN(len(bufs))][rng.IntN(64):] // unaligned starts too
+		n := tc.sizes[rng.IntN(len(tc.sizes))]
+		n = min(n, len(buf))
+		for i := range buf[:n] {
+			buf[i] = byte(rng.Uint32())
+		}
+		want = append(want, buf[:n]...)
+		sent = append(sent, 0) // marks one Write
+	}
+	got := make(chan []byte, 1)
+	go func() {
+		var all []byte
+		p := make([]byte, 300<<10)
+		r := rand.New(rand.NewPCG(2, 2))
+		for {
+			n, err := b.Read(p[:1+r.IntN(len(p)-1)])
+			all = append(all, p[:n]...)
+			if err != nil {
+				got <- all
+				return
+			}
+		}
+	}()
+	// Replay the same sequence of Writes.
+	rng = rand.New(rand.NewPCG(1, uint64(len(tc.name))))
+	off := 0
+	for range sent {
+		buf := bufs[rng.IntN(len(bufs))][rng.IntN(64):]
+		n := min(tc.sizes[rng.IntN(len(tc.sizes))], len(buf))
+		for i := range buf[:n] {
+			buf[i] = byte(rng.Uint32())
+		}
+		require.Equal(t, want[off:off+n], buf[:n])
+		k, err := a.Write(buf[:n])
+		require.NoError(t, err)
+		require.Equal(t, n, k)
+		off += n
+	}
+	require.NotZero(t, directRegistered(a), "no Write went direct")
+	require.NoError(t, a.Close())
+	all := <-got
+	require.Equal(t, len(want), len(all), "bytes read")
+	require.True(t, bytes.Equal(want, all), "the stream read differs from the one written")
+	require.NoError(t, b.Close())
 }
 
 // TestWriteDirectCompletesBeforeReturn checks that a direct Write returns only once the
@@ -558,6 +586,18 @@ func TestNetConnDirect(t *testing.T) {
 	require.Eventually(t, func() bool { return f.Stats().QPs == 0 }, 10*time.Second, time.Millisecond,
 		"a QP still held after the last case: %+v", f.Stats())
 	requireReleased(t, f)
+}
+
+// TestNetConnDirectOverSHM is TestNetConnDirect on shm.
+func TestNetConnDirectOverSHM(t *testing.T) {
+	p, err := shm.New(shm.Options{})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, p.Close()) }()
+	nettest.TestConn(t, func() (c1, c2 net.Conn, stop func(), err error) {
+		a, b := connPair(t, p, Options{RingSize: 16 << 10, SendBufferSize: 8 << 10})
+		a.direct.minLen, b.direct.minLen = 1, 1
+		return a, b, func() { a.Close(); b.Close() }, nil
+	})
 }
 
 // TestWriteDirectIdleRelease checks that a cached buffer no Write used for a whole
