@@ -52,7 +52,7 @@ var (
 // reason to raise it need not restart the process. Refusals are rare, and the read
 // takes microseconds, next to the connection setup it refuses.
 func Reserve(n int) error {
-	most := budget()
+	most := Budget()
 	reread := false
 	for {
 		h := held.Load()
@@ -76,12 +76,8 @@ func Release(n int) { held.Add(-int64(n)) }
 func Held() int64 { return held.Load() }
 
 // Budget returns the most mappings that may be counted at once: half of
-// vm.max_map_count, as last read.
-func Budget() int64 { return budget() }
-
-// budget returns the most mappings that may be counted at once: half of
 // vm.max_map_count, as last read, or SetBudget's.
-func budget() int64 {
+func Budget() int64 {
 	if b := limit.Load(); b > 0 {
 		return b
 	}

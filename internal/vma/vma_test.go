@@ -92,7 +92,7 @@ func TestReadMaxMapCount(t *testing.T) {
 func TestBudgetIsHalfTheLimit(t *testing.T) {
 	want := readMaxMapCount(maxMapCountFile) / 2
 	defer setLimit(0, false)() // read afresh, then restored
-	require.Equal(t, want, budget())
+	require.Equal(t, want, Budget())
 }
 
 // TestReserveRereadsTheLimit: a Reserve about to refuse reads vm.max_map_count again,

@@ -78,10 +78,11 @@ var _ verbs.LocalMemoryRegistrar = (*PD)(nil)
 // requests: it implements [verbs.LocalMemoryRegistrar]. A peer can map only a memfd
 // (RegMR's regions), so remote access is refused; but a requester copies an RDMA
 // WRITE's or a send's payload from its local SGEs itself, and a responder copies a
-// received message into its receive WQE's, so any memory of this process serves
-// there. The region's Bytes is buf: Close deregisters it, waiting for a copy under
-// way as RegMR's regions do, and leaves buf alone. It counts against the device's MR
-// limit like RegMR's regions.
+// received message into its receive WQE's, so any memory of this process serves there.
+// The region's Bytes is buf: Close deregisters it, waiting for a copy under way as
+// RegMR's regions do, and leaves buf alone. It counts against the device's MR limit
+// like RegMR's regions, but takes none of its last quarter (maxLocalMR): a caller can
+// do without these (it copies instead), but not without the regions a connection needs.
 func (p *PD) RegLocalMemory(buf []byte, access verbs.AccessFlags) (verbs.MR, error) {
 	d := p.ctx.dev
 	if err := provider.CheckRegMR(len(buf), maxRegionSize, access); err != nil {
@@ -93,8 +94,9 @@ func (p *PD) RegLocalMemory(buf []byte, access verbs.AccessFlags) (verbs.MR, err
 	if err := d.p.injectedFailure(allocMR); err != nil {
 		return nil, fmt.Errorf("shm: register memory: %w", err)
 	}
-	if !reserve(&d.nMR, maxMR) {
-		return nil, fmt.Errorf("shm: register memory: device limit of %d MRs: %w", maxMR, verbs.ErrNoResources)
+	if !reserve(&d.nMR, maxLocalMR) {
+		return nil, fmt.Errorf("shm: register memory: %d of the device's %d MRs taken, the most caller memory may use: %w",
+			maxLocalMR, maxMR, verbs.ErrNoResources)
 	}
 	if err := p.refs.Acquire(); err != nil {
 		d.nMR.Add(-1)
@@ -110,7 +112,9 @@ func (p *PD) RegLocalMemory(buf []byte, access verbs.AccessFlags) (verbs.MR, err
 		Access: access,
 	}}
 	m.reg.Owner = m
-	key, err := d.mrs.Insert(&m.reg)
+	// No peer ever holds its key (regionFor refuses it): the key's index may be reused,
+	// so that registering over and over, as direct writes do, spends no keys for good.
+	key, err := d.mrs.InsertLocal(&m.reg)
 	if err != nil {
 		p.refs.Release()
 		d.nMR.Add(-1)
@@ -119,6 +123,9 @@ func (p *PD) RegLocalMemory(buf []byte, access verbs.AccessFlags) (verbs.MR, err
 	m.key = key
 	return m, nil
 }
+
+// maxLocalMR is the most of the device's MRs RegLocalMemory's regions take together.
+const maxLocalMR = maxMR / 4 * 3
 
 const page = 4096
 
@@ -252,7 +259,7 @@ func (m *MR) Close() error {
 // d.mrMu for reading for as long as it uses the region's memory.
 func (d *device) lookupMRLocked(key uint32) *MR {
 	if r := d.mrs.Lookup(key); r != nil {
-		m, _ := r.Owner.(*MR) // every region of d is an *MR's (RegMR)
+		m, _ := r.Owner.(*MR) // every region of d is an *MR's (RegMR, RegLocalMemory)
 		return m
 	}
 	return nil

@@ -191,3 +191,33 @@ func TestRegLocalMemoryArguments(t *testing.T) {
 		})
 	}
 }
+
+// TestRegLocalMemoryLeavesLastQuarter: caller memory takes at most maxLocalMR of the
+// device's MRs, all regions counted, so RegMR still registers past it.
+func TestRegLocalMemoryLeavesLastQuarter(t *testing.T) {
+	p := newProvider(t, 1)
+	e := newEnd(t, p, "shm0", 4096) // one RegMR region
+	r := e.pd.(verbs.LocalMemoryRegistrar)
+	buf := make([]byte, 64)
+	var mrs []verbs.MR
+	defer func() {
+		for _, m := range mrs {
+			require.NoError(t, m.Close())
+		}
+	}()
+	for range maxLocalMR - 1 {
+		m, err := r.RegLocalMemory(buf, verbs.AccessLocalWrite)
+		require.NoError(t, err)
+		mrs = append(mrs, m)
+	}
+	_, err := r.RegLocalMemory(buf, verbs.AccessLocalWrite)
+	require.ErrorIs(t, err, verbs.ErrNoResources, "caller memory past maxLocalMR")
+	m, err := e.pd.RegMR(4096, verbs.AccessLocalWrite|verbs.AccessRemoteWrite)
+	require.NoError(t, err, "RegMR past maxLocalMR")
+	require.NoError(t, m.Close())
+	require.NoError(t, mrs[0].Close())
+	mrs = mrs[1:]
+	m, err = r.RegLocalMemory(buf, verbs.AccessLocalWrite)
+	require.NoError(t, err, "caller memory once one was closed")
+	mrs = append(mrs, m)
+}

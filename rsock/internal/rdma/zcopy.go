@@ -307,8 +307,10 @@ func (c *Conn) postDirectLocked(mr verbs.MR, off uint64, n int) (int, error) {
 }
 
 // awaitDirect waits until the device has completed every direct WR posted, the Conn
-// has failed (its QP is then in ERROR), or teardown released the QP. It returns the
-// failure, if any.
+// has failed and its QP is in ERROR, or teardown released the QP. It returns the
+// failure, if any. A failure during Close leaves the QP to teardown (failLocked): until
+// then the device may still read the buffer (a provider's resend), so the Write waits
+// for teardown, which follows.
 func (c *Conn) awaitDirect() error {
 	s := spin{c: c}
 	defer s.end()
@@ -320,7 +322,7 @@ func (c *Conn) awaitDirect() error {
 			c.direct.writing = false
 			c.mu.Unlock()
 			return nil
-		case c.err != nil:
+		case c.err != nil && c.qpErrored:
 			err := c.err
 			c.direct.writing = false
 			c.mu.Unlock()

@@ -10,7 +10,9 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -463,6 +465,46 @@ func TestWriteDirectCompletesBeforeReturn(t *testing.T) {
 	requireReleased(t, f)
 }
 
+// TestWriteDirectCompletesBeforeReturnOverSHM is TestWriteDirectCompletesBeforeReturn
+// on shm, where the requester copies the payload as it posts: its QP loses every
+// request until repaired, so the Write's request is sent again at the ACK timeout,
+// copied from the application's buffer once more. The Write returns only after that,
+// and the reader gets the bytes of the buffer as written.
+func TestWriteDirectCompletesBeforeReturnOverSHM(t *testing.T) {
+	p, err := shm.New(shm.Options{})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, p.Close()) }()
+	a, b := connPair(t, p, Options{})
+	a.direct.minLen = 1 << 10
+	buf := streamBytes(3, 64<<10)
+	want := bytes.Clone(buf)
+	require.NoError(t, p.BreakQP(a.ep.qp))
+	a.mu.Lock()
+	before := a.sqPosted
+	a.mu.Unlock()
+	done := make(chan error, 1)
+	go func() {
+		_, err := a.Write(buf)
+		done <- err
+	}()
+	require.Eventually(t, func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.sqPosted > before
+	}, 10*time.Second, time.Millisecond, "the Write posted nothing")
+	require.Empty(t, done, "the Write returned while its request was lost")
+	require.NoError(t, p.RepairQP(a.ep.qp))
+	require.NoError(t, <-done)
+	require.Equal(t, 1, directRegistered(a), "the Write was direct")
+	clear(buf)
+	got := make([]byte, len(want))
+	_, err = io.ReadFull(b, got)
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(want, got), "the reader got bytes written after Write returned")
+	require.NoError(t, a.Close())
+	require.NoError(t, b.Close())
+}
+
 // TestWriteDirectInterrupted stops a direct Write mid-transfer, blocked on credit from
 // a peer that does not read: by its deadline, by Close, and by the peer's QP failing.
 // The Write reports the bytes it posted, and the reader gets exactly those (then more,
@@ -593,11 +635,17 @@ func TestNetConnDirectOverSHM(t *testing.T) {
 	p, err := shm.New(shm.Options{})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, p.Close()) }()
+	var direct atomic.Int64 // buffers registered for direct writes, as each pair closes
 	nettest.TestConn(t, func() (c1, c2 net.Conn, stop func(), err error) {
 		a, b := connPair(t, p, Options{RingSize: 16 << 10, SendBufferSize: 8 << 10})
 		a.direct.minLen, b.direct.minLen = 1, 1
-		return a, b, func() { a.Close(); b.Close() }, nil
+		return a, b, func() {
+			direct.Add(int64(directRegistered(a) + directRegistered(b)))
+			a.Close()
+			b.Close()
+		}, nil
 	})
+	require.Positive(t, direct.Load(), "no Write went direct")
 }
 
 // TestWriteDirectIdleRelease checks that a cached buffer no Write used for a whole
@@ -643,4 +691,36 @@ func TestWriteDirectIdleRelease(t *testing.T) {
 	write(old)
 	regs, _ := r.counts()
 	require.Equal(t, 3, regs, "a released buffer written again is registered again")
+}
+
+// TestWriteDirectWaitsOutCloseFailure checks that a direct Write in flight does not
+// return on a failure during Close, which leaves the QP to teardown rather than moving
+// it to ERROR (failLocked): until then the device may still read the buffer, which the
+// application may reuse once Write returns. It returns at teardown.
+func TestWriteDirectWaitsOutCloseFailure(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := &fakeQP{}
+		c, _ := directFakeConn(t, q, 1)
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.Write(make([]byte, 4<<10))
+			done <- err
+		}()
+		synctest.Wait()
+		require.NotEmpty(t, q.posted(), "the Write posted")
+		require.Empty(t, done, "the Write returned before its WRs completed")
+
+		c.mu.Lock()
+		c.closing = true
+		c.failLocked(errors.New("control channel lost"))
+		require.False(t, c.qpErrored, "a failure during Close leaves the QP to teardown")
+		c.mu.Unlock()
+		synctest.Wait()
+		require.Empty(t, done, "the Write returned on a failure while its QP could still read the buffer")
+
+		c.mu.Lock()
+		require.NoError(t, c.releaseDirectLocked()) // teardown's part, once the QP is stopped
+		c.mu.Unlock()
+		require.ErrorIs(t, <-done, net.ErrClosed)
+	})
 }

@@ -30,12 +30,15 @@ type keyChunk [keyChunkSize]atomic.Pointer[Region]
 // KeyTable is empty and reuses the index of a removed region under the next generation,
 // so that a key comes back only after 256 registrations on one index (soft's rule).
 // [KeyTable.NeverReuse] makes it retire an index instead of wrapping its generation, so
-// that no key ever names two regions (shm's rule, as a peer may still hold a key).
+// that no key ever names two regions (shm's rule, as a peer may still hold a key),
+// except for the indexes of [KeyTable.InsertLocal]'s regions, whose keys no peer holds.
 type KeyTable struct {
 	chunks [keyChunks]atomic.Pointer[keyChunk]
 
 	mu         sync.Mutex // guards the fields below; lookups don't take it
 	free       []uint32   // released indexes
+	freeLocal  []uint32   // released indexes of InsertLocal's pool
+	local      []bool     // whether each used index is InsertLocal's
 	next       uint32     // next never-used index
 	gen        []uint8    // generation of each used index
 	neverReuse bool
@@ -47,18 +50,33 @@ func (t *KeyTable) NeverReuse() { t.neverReuse = true }
 
 // Insert gives r a fresh key, publishes r under it to lookups and returns the key. It
 // fails with [verbs.ErrNoResources] when every index is live or retired.
-func (t *KeyTable) Insert(r *Region) (uint32, error) {
+func (t *KeyTable) Insert(r *Region) (uint32, error) { return t.insert(r, false) }
+
+// InsertLocal is Insert for a region whose key no peer will ever hold: one that grants
+// no remote access, named only by the provider's own work requests (shm's
+// RegLocalMemory). Under NeverReuse its index is reused under the next generation, as
+// in the zero table, so that registering such regions over and over retires nothing;
+// those indexes form a pool of their own, never given to Insert, so that a key a peer
+// may hold still names no other region.
+func (t *KeyTable) InsertLocal(r *Region) (uint32, error) { return t.insert(r, true) }
+
+func (t *KeyTable) insert(r *Region, local bool) (uint32, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	free := &t.free
+	if local {
+		free = &t.freeLocal
+	}
 	var idx uint32
-	if n := len(t.free); n > 0 {
-		idx = t.free[n-1]
-		t.free = t.free[:n-1]
+	if n := len(*free); n > 0 {
+		idx = (*free)[n-1]
+		*free = (*free)[:n-1]
 		t.gen[idx]++
 	} else {
 		if t.next == 0 {
 			t.next = 1
 			t.gen = append(t.gen, 0)
+			t.local = append(t.local, false)
 		}
 		if t.next > MaxKeyIndexes {
 			return 0, fmt.Errorf("region key table full (%d indexes): %w", MaxKeyIndexes, verbs.ErrNoResources)
@@ -66,6 +84,7 @@ func (t *KeyTable) Insert(r *Region) (uint32, error) {
 		idx = t.next
 		t.next++
 		t.gen = append(t.gen, 0)
+		t.local = append(t.local, local)
 	}
 	c := t.chunks[idx>>keyChunkBits].Load()
 	if c == nil {
@@ -95,10 +114,14 @@ func (t *KeyTable) Remove(key uint32) {
 		return
 	}
 	slot.Store(nil)
-	if t.neverReuse && t.gen[idx] == 1<<keyGenBits-1 {
-		return // the index's keys are spent: retire it
+	switch {
+	case t.local[idx]:
+		t.freeLocal = append(t.freeLocal, idx)
+	case t.neverReuse && t.gen[idx] == 1<<keyGenBits-1:
+		// the index's keys are spent: retire it
+	default:
+		t.free = append(t.free, idx)
 	}
-	t.free = append(t.free, idx)
 }
 
 // Lookup returns the live region whose key is key, or nil.

@@ -78,6 +78,40 @@ func TestKeyTableReuse(t *testing.T) {
 	}
 }
 
+// TestKeyTableInsertLocal checks InsertLocal on a NeverReuse table: a region
+// registered and deregistered over and over reuses one index, its keys wrapping,
+// rather than retiring an index every 256 times; and no index of InsertLocal's is
+// given to Insert, whose keys a peer may hold, nor one of Insert's to InsertLocal.
+func TestKeyTableInsertLocal(t *testing.T) {
+	var k KeyTable
+	k.NeverReuse()
+	shared := new(Region)
+	sharedKey, err := k.Insert(shared)
+	require.NoError(t, err)
+	k.Remove(sharedKey) // its index is free for Insert only
+
+	localIdx := map[uint32]bool{}
+	const rounds = 3<<keyGenBits + 1
+	for i := range rounds {
+		r := new(Region)
+		key, err := k.InsertLocal(r)
+		require.NoError(t, err, "InsertLocal %d", i)
+		require.Same(t, r, k.Lookup(key))
+		require.NotEqual(t, sharedKey>>keyGenBits, key>>keyGenBits, "InsertLocal took Insert's index")
+		localIdx[key>>keyGenBits] = true
+		k.Remove(key)
+		require.Nil(t, k.Lookup(key))
+	}
+	require.Len(t, localIdx, 1, "indexes used by %d local registrations in turn", rounds)
+	require.Equal(t, uint32(3), k.next, "indexes ever used: Insert's and InsertLocal's")
+
+	again, err := k.Insert(new(Region))
+	require.NoError(t, err)
+	require.Equal(t, sharedKey>>keyGenBits, again>>keyGenBits, "Insert reuses its own freed index")
+	require.NotEqual(t, sharedKey, again, "under the next generation")
+	require.False(t, localIdx[again>>keyGenBits], "Insert took InsertLocal's index")
+}
+
 func TestKeyTableRemove(t *testing.T) {
 	var k KeyTable
 	a := new(Region)
@@ -103,6 +137,7 @@ func TestKeyTableFull(t *testing.T) {
 	require.NoError(t, err)
 	k.next = MaxKeyIndexes // as if every index but the last were live
 	k.gen = make([]uint8, MaxKeyIndexes)
+	k.local = make([]bool, MaxKeyIndexes)
 	last := new(Region)
 	key, err := k.Insert(last)
 	require.NoError(t, err, "Insert into the last index")
