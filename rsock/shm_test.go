@@ -428,12 +428,15 @@ func TestSHMFileSizeLimit(t *testing.T) {
 	requireEcho(t, c, s)
 }
 
-// TestSHMManyGrowingStreams: more same-host connections than a CQ's Polls drive
-// (verbs/shm's maxDriven), streaming at once through growing rings (Config.GrowRingTo,
-// as a Listener gives past half its memory limits), all carry their bytes. A ring's
-// growth makes the writer's QP ask for the new region behind unsignaled writes in
-// flight; before verbs/shm's setStalled, the acknowledgements of those writes woke
-// nobody, and every stream stopped for good (64 connections, 2026-11-30).
+// TestSHMManyGrowingStreams: many same-host connections streaming at once through
+// growing rings (Config.GrowRingTo, as a Listener gives past half its memory limits)
+// all carry their bytes. A ring's growth makes the writer's QP ask for the new region
+// behind unsignaled writes in flight; before verbs/shm's setStalled, the
+// acknowledgements of those writes woke nobody once no Poll drove the response ring,
+// and every stream stopped for good (64 connections, 2026-11-30, when a CQ's Polls
+// drove 64 QPs at most). Since verbs/shm's maxDriven is 256 these CQs are driven, and
+// the stall shows only where a CQ is armed: verbs/shm's TestStallBehindUnsignaled
+// makes it there.
 func TestSHMManyGrowingStreams(t *testing.T) {
 	const conns, total = 72, 1 << 20
 	cfg := &Config{GrowRingTo: 4 << 20}

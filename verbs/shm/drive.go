@@ -43,8 +43,18 @@ const pollLease = time.Millisecond
 const armedSpin = 30 * time.Microsecond
 
 // maxDriven bounds the QPs a CQ's Poll drives: a CQ fed by more leaves them to their
-// goroutines rather than visit every one on every poll.
-const maxDriven = 64
+// goroutines rather than visit every one on every poll. Left to their goroutines, a
+// request wakes its responder through a doorbell and the network poller unless the
+// responder is still watching its ring (armedSpin): a connection whose requests come
+// a round trip apart pays that on each. It was 64, and an engine's CQ holds about 127
+// connections (16,384 entries, 129 a connection), so from 33 connections with both
+// ends in one process every exchange paid it: 64 connections each making 2-byte round
+// trips at once made 10.5 thousand a second in all against TCP's 92–100 thousand, and
+// one connection among 60 idle ones 6.0 thousand. At 256 they made 167–173 thousand
+// and 23 thousand (medians of three, 2026-12-01; benchmarks/README.md). Each Poll
+// then visits up to 256 QPs, a few microseconds: that, not a doorbell, is what idle
+// connections still cost the busy one.
+const maxDriven = 256
 
 // inbound is the responder's side of one connection: its channel and what executes
 // the requests in it. mu guards everything but the fields set before it is shared.
@@ -216,6 +226,16 @@ func (c *CQ) feederList() []*QP {
 		return nil
 	}
 	return *fs
+}
+
+// PollDrives reports whether a Poll of c drains the rings that feed it now: false once
+// more than maxDriven QPs feed it. Then only their goroutines (serve, readLoop) do,
+// woken through the network poller by the peers' doorbells, and a caller that spins on
+// c keeps a processor from them rather than helping (see rsock's engine, which looks
+// for it).
+func (c *CQ) PollDrives() bool {
+	fs := c.feeders.Load()
+	return fs == nil || len(*fs) <= maxDriven
 }
 
 // drive drains the rings that feed c: the request rings of the QPs whose receive CQ it

@@ -220,3 +220,40 @@ func TestStallBehindUnsignaled(t *testing.T) {
 		require.Equal(t, uint64(2*round+1), wc[0].WRID)
 	}
 }
+
+// TestPollDrives: a CQ's Polls drive its rings while at most maxDriven QPs feed it, and
+// it says so; fed by more, it says they do not, and a Poll still reaps what their
+// goroutines execute.
+func TestPollDrives(t *testing.T) {
+	p := newProvider(t, 2)
+	x := newEnd(t, p, "shm0", 4096)
+	y := newEnd(t, p, "shm1", 4096)
+	require.True(t, y.cq.(*CQ).PollDrives(), "no feeder yet")
+	connectEnds(t, x, y, 0, 7)
+	require.NoError(t, y.qp.PostRecv([]verbs.RecvWR{{ID: 1}, {ID: 2}}))
+	require.NoError(t, x.qp.PostSend([]verbs.SendWR{writeImm(1, x.mr, y.mr, 0, 8)}))
+	require.Equal(t, verbs.WCSuccess, pollWait(t, x.cq, 1)[0].Status)
+	require.Equal(t, verbs.WCSuccess, pollWait(t, y.cq, 1)[0].Status)
+	cq := y.cq.(*CQ)
+	require.True(t, cq.PollDrives(), "one feeder")
+
+	cq.feedMu.Lock()
+	own := cq.feeders.Load()
+	many := make([]*QP, maxDriven+1) // y's QP, counted maxDriven+1 times
+	for i := range many {
+		many[i] = (*own)[0]
+	}
+	cq.feeders.Store(&many)
+	cq.feedMu.Unlock()
+	require.False(t, cq.PollDrives(), "%d feeders", len(many))
+	require.Nil(t, cq.feederList(), "Polls drive nothing")
+	// The responder's goroutine executes the request (serve): the Poll reaps it.
+	require.NoError(t, x.qp.PostSend([]verbs.SendWR{writeImm(2, x.mr, y.mr, 0, 8)}))
+	require.Equal(t, verbs.WCSuccess, pollWait(t, x.cq, 1)[0].Status)
+	require.Equal(t, verbs.WCSuccess, pollWait(t, y.cq, 1)[0].Status)
+
+	cq.feedMu.Lock()
+	cq.feeders.Store(own)
+	cq.feedMu.Unlock()
+	require.True(t, cq.PollDrives())
+}

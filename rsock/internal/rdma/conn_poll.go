@@ -108,7 +108,7 @@ func (s *spin) end() {
 // process, spins longer (answerSpinPolls).
 func (c *Conn) beginSpin(answer bool) int {
 	p := c.poll
-	if p == nil || p.spin == 0 {
+	if p == nil || p.spin == 0 || p.spinFutile() {
 		return 0
 	}
 	spinningWaiters.Add(1) // endSpin uncounts it, whatever happens next

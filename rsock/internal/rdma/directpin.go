@@ -27,37 +27,23 @@ import (
 //     QP is in ERROR, when the device reads no more of it.
 const directPinMax = 4 << 20
 
-// directPinMinWrite is the smallest direct Write on a provider that pins, and on one
-// that registers the application's memory for local access only (shm: see
-// directRegistrar). A direct Write returns only once the device has completed its
-// sends, on RC once the peer acknowledged them, so the next Write cannot overlap this
-// one's transfer: each costs a round trip without data, where a staged Write returns
-// once its bytes are copied and posted. Under 1 MiB that round trip costs more than the
-// copy it saves:
-//
-//   - On Soft-RoCE in the CI's VM, streams of 64 KiB direct Writes ran at 0.56× to
-//     0.76× the staged ones beside them (two boots), where 1 MiB direct Writes ran at
-//     1.0× to 1.2× (one boot): the round trip is shared by 16 times the bytes.
-//   - On shm, the acknowledgement comes from the peer's goroutine, through a doorbell
-//     once more than maxDriven QPs feed a CQ (verbs/shm). rsockperf's conns workload,
-//     both ends in one process, direct against staged (2026-12-01): 64 KiB Writes ran
-//     at 1.3–1.7× on one connection and 1.2–1.4× on 16, but at 0.16–0.28× on 40 to 100
-//     connections; 256 KiB ones at 1.5× on 32 and 0.8–0.9× on 48 and 100. 1 MiB
-//     Writes ran at 1.6–2.2× on one to 16 connections, 1.4–1.8× on 32 to 100, and
-//     2.0–4.0× on 400: the staging copy they skip, and the staging buffer's share of
-//     the cache, are worth the round trip at every count.
+// directPinMinWrite is the smallest direct Write on a provider that pins. A direct
+// Write returns only once the device has completed its sends, on RC once the peer
+// acknowledged them, so the next Write cannot overlap this one's transfer: each costs
+// a round trip without data, where a staged Write returns once its bytes are copied
+// and posted. Under 1 MiB that round trip costs more than the copy it saves: on
+// Soft-RoCE in the CI's VM, streams of 64 KiB direct Writes ran at 0.56× to 0.76× the
+// staged ones beside them (two boots), where 1 MiB direct Writes ran at 1.0× to 1.2×
+// (one boot): the round trip is shared by 16 times the bytes. (shm's round trip is
+// short enough for directMinWrite: see zcopy.go.)
 const directPinMinWrite = 1 << 20
 
 // directMinLocked raises the smallest direct Write to directPinMinWrite on a provider
-// that pins or registers local memory only (see above), unless the Conn set one
-// (minLen; tests do). Called with mu held, when directRegion first looks the
-// capability up: that Write, and every later one, is held to it. (Writers hold wmu,
-// which orders this with writeDirect's read of minLen.)
+// that pins, unless the Conn set one (minLen; tests do). Called with mu held, when
+// directRegion first looks the capability up: that Write, and every later one, is
+// held to it. (Writers hold wmu, which orders this with writeDirect's read of minLen.)
 func (c *Conn) directMinLocked() {
-	if c.direct.reg == nil || c.direct.minLen != 0 || c.ep.dev == nil {
-		return
-	}
-	if _, local := c.direct.reg.(localRegistrar); local || c.ep.pinsMemory() {
+	if c.direct.reg != nil && c.direct.minLen == 0 && c.ep.dev != nil && c.ep.pinsMemory() {
 		c.direct.minLen = directPinMinWrite
 	}
 }

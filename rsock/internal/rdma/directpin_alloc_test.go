@@ -15,11 +15,11 @@ import (
 // (Not built with -race: the race detector's instrumentation allocates.)
 
 // TestWriteDirectPinnedAllocs checks that direct Writes of directPinMinWrite bytes, the
-// least on a provider that pins, whose registrations are counted (directpin.go), or
-// registers local memory only, allocate nothing once the buffer is registered, and that
-// they were direct: on soft made to pin, on shm, and, where this build has one and the
-// machine a device (built with -tags rdma, in the Soft-RoCE VM), on the default
-// provider, rdma-core's registrations of Go memory included.
+// least on a provider that pins, whose registrations are counted (directpin.go),
+// allocate nothing once the buffer is registered, and that they were direct: on soft
+// made to pin, on shm (which registers local memory only, uncounted), and, where this
+// build has one and the machine a device (built with -tags rdma, in the Soft-RoCE VM),
+// on the default provider, rdma-core's registrations of Go memory included.
 func TestWriteDirectPinnedAllocs(t *testing.T) {
 	f := soft.New(soft.Options{})
 	sp, err := shm.New(shm.Options{})

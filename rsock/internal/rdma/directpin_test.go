@@ -158,8 +158,9 @@ func TestWriteDirectPinned(t *testing.T) {
 }
 
 // TestWriteDirectMinOverSHM checks that on shm, which registers local memory only, a
-// direct Write takes directPinMinWrite bytes at least (directMinLocked): one byte less
-// is staged, and both deliver their bytes.
+// direct Write takes directMinWrite bytes at least, as on soft (not directPinMinWrite,
+// which only providers that pin take): one byte less is staged, and both deliver their
+// bytes.
 func TestWriteDirectMinOverSHM(t *testing.T) {
 	p, err := shm.New(shm.Options{})
 	require.NoError(t, err)
@@ -170,13 +171,13 @@ func TestWriteDirectMinOverSHM(t *testing.T) {
 		all, _ := io.ReadAll(b)
 		got <- all
 	}()
-	small, large := streamBytes(1, directPinMinWrite-1), streamBytes(2, directPinMinWrite)
+	small, large := streamBytes(1, directMinWrite-1), streamBytes(2, directMinWrite)
 	_, err = a.Write(small)
 	require.NoError(t, err)
-	require.Zero(t, directRegistered(a), "a Write under directPinMinWrite is staged")
+	require.Zero(t, directRegistered(a), "a Write under directMinWrite is staged")
 	_, err = a.Write(large)
 	require.NoError(t, err)
-	require.Equal(t, 1, directRegistered(a), "a Write of directPinMinWrite is direct")
+	require.Equal(t, 1, directRegistered(a), "a Write of directMinWrite is direct")
 	require.NoError(t, a.Close())
 	require.Equal(t, append(small, large...), <-got)
 	require.NoError(t, b.Close())

@@ -218,10 +218,10 @@
 // those registrations pin the application's pages, so they are counted like the
 // engine's own regions (below) and bounded (4 MiB a buffer, four buffers a connection,
 // let go when idle); a Write whose registration is refused is staged, never failed.
-// There, and on shm, direct Writes start at 1 MiB: waiting for the device's (or the
-// peer process's) completions costs each Write a round trip, which smaller ones do not
-// earn back (directpin.go). On soft and shm they are the application's memory, neither
-// pinned nor counted.
+// There, direct Writes start at 1 MiB: waiting for the device's completions costs each
+// Write a round trip, which smaller ones do not earn back (directpin.go); on shm the
+// round trip is the peer process's, short enough for 32 KiB (zcopy.go). On soft and
+// shm they are the application's memory, neither pinned nor counted.
 //
 // # Direct placement
 //

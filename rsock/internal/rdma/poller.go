@@ -54,6 +54,7 @@ type poller struct {
 	qpCQ     verbs.CQ         // the same CQ as the provider's object, for QPs created on it
 	spin     int              // empty polls before sleeping
 	yielder  pollYielder      // cq's, if its empty polls may yield the processor (poller_yield.go)
+	driver   pollDriver       // cq's, if its polls may drain what feeds it (poller_yield.go)
 	outside  bool             // cq is filled outside the process (poller_yield.go)
 	onHost   bool             // cq is filled by this host's cores: Soft-RoCE (poller_yield.go)
 	sched    threadYielder    // how pause yields; nil: the runtime's (poller_yield.go)
@@ -128,7 +129,7 @@ func newPoller(ctx verbs.Context, capacity, spin, vector int) (*poller, error) {
 		ch.Close()
 		return nil, fmt.Errorf("create CQ of %d entries on completion vector %d: %w", capacity, vector, err)
 	}
-	p := &poller{cq: cq, ch: ch, qpCQ: cq, spin: spin, yielder: cqYielder(cq), outside: filledOutside(cq), onHost: filledOnHost(cq), capacity: capacity, handlers: make(map[uint32]completionHandler),
+	p := &poller{cq: cq, ch: ch, qpCQ: cq, spin: spin, yielder: cqYielder(cq), driver: cqDriver(cq), outside: filledOutside(cq), onHost: filledOnHost(cq), capacity: capacity, handlers: make(map[uint32]completionHandler),
 		maxSpinners: int32(runtime.GOMAXPROCS(0))}
 	p.initNudge()
 	return p, nil
@@ -247,7 +248,7 @@ func (p *poller) run(ctx context.Context, done chan struct{}) {
 			empty = 0
 			continue
 		}
-		if empty < p.spin {
+		if empty < p.spin && !p.spinFutile() {
 			empty++
 			p.pause(empty)
 			continue

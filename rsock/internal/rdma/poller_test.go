@@ -3,6 +3,7 @@ package rdma
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -341,4 +342,31 @@ func TestAttachWaitsForTheStoppedGoroutine(t *testing.T) {
 		require.True(t, started, "no goroutine started once the stopped one returned")
 		p.detach(1)
 	})
+}
+
+// TestPollerSleepsAtOnceWhereSpinFutile: the goroutine spins its polls before it arms
+// the CQ and sleeps while the CQ's polls drive what fills it, and arms at once when
+// they do not (pollDriver).
+func TestPollerSleepsAtOnceWhereSpinFutile(t *testing.T) {
+	for _, drives := range []bool{true, false} {
+		t.Run(fmt.Sprintf("drives %v", drives), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				cq := newFakeCQ()
+				p := newFakePoller(cq, 64, 100)
+				d := &drivingFlag{}
+				d.drives.Store(drives)
+				p.driver = d
+				require.NoError(t, p.attach(1, &recorder{}))
+				synctest.Wait() // asleep on the channel, the CQ armed
+				polls := p.emptied.Load()
+				if drives {
+					require.Greater(t, polls, uint64(100), "empty polls before sleeping")
+				} else {
+					require.Equal(t, uint64(2), polls, "empty polls before sleeping: one, and one after arming")
+				}
+				p.detach(1)
+				require.NoError(t, p.close())
+			})
+		})
+	}
 }

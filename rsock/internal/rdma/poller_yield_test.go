@@ -3,6 +3,7 @@ package rdma
 import (
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -279,4 +280,64 @@ func TestPollerFillers(t *testing.T) {
 			require.Equal(t, strings.HasPrefix(attr.Name, "rxe"), attr.SoftRoCE, "%s is Soft-RoCE", attr.Name)
 		})
 	}
+}
+
+// drivingFlag is a pollDriver whose answer the test sets.
+type drivingFlag struct{ drives atomic.Bool }
+
+func (d *drivingFlag) PollDrives() bool { return d.drives.Load() }
+
+// TestNoSpinWhereFutile: a Read that finds nothing spins its polls before it parks
+// while the CQ's polls drive what fills it, and parks at once when they do not
+// (pollDriver): its spin would only keep a processor from the goroutines that do.
+func TestNoSpinWhereFutile(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, cq, q := pollingConn(t, 3)
+		d := &drivingFlag{}
+		c.poll.driver = d
+		arrivals := 0
+		waitedPolls := func() uint64 { // a Read that finds nothing: its empty polls before it parks
+			t.Helper()
+			before := c.poll.emptied.Load()
+			done := make(chan string, 1)
+			go func() {
+				buf := make([]byte, 16)
+				n, _ := c.Read(buf)
+				done <- string(buf[:n])
+			}()
+			synctest.Wait() // parked on readable
+			polls := c.poll.emptied.Load() - before
+			copy(c.ring[arrivals:], "x")
+			arrivals++
+			cq.push(dataArrival(t, q.qpn, uint64(arrivals), 1))
+			require.Equal(t, 1, c.poll.pollFor(q.qpn, c), "the poller's dispatch")
+			require.Equal(t, "x", <-done)
+			return polls
+		}
+		d.drives.Store(true)
+		require.Equal(t, uint64(3), waitedPolls(), "polls that drive")
+		d.drives.Store(false)
+		require.Zero(t, waitedPolls(), "polls that drive nothing")
+		require.Zero(t, c.poll.spinners.Load(), "slots held")
+	})
+}
+
+// TestPollerDriverFromCQ: the poller takes its pollDriver from the CQ: shm's has one,
+// which says its polls drive while few QPs feed it; soft's has none.
+func TestPollerDriverFromCQ(t *testing.T) {
+	p, err := shm.New(shm.Options{})
+	require.NoError(t, err)
+	defer p.Close()
+	ctx, err := p.Open("shm0")
+	require.NoError(t, err)
+	defer ctx.Close()
+	shmCQ, err := ctx.CreateCQ(16, nil, 0)
+	require.NoError(t, err)
+	defer shmCQ.Close()
+	d := cqDriver(shmCQ)
+	require.NotNil(t, d, "shm's CQ")
+	require.True(t, d.PollDrives(), "a CQ no QP feeds")
+	require.Nil(t, cqDriver(newFakeCQ()))
+	pl := &poller{cq: shmCQ, driver: d}
+	require.False(t, pl.spinFutile())
 }

@@ -18,7 +18,7 @@ import (
 // register memory the caller owns (its PD implements [verbs.MemoryRegistrar], as soft
 // and ibv do, or [verbs.LocalMemoryRegistrar], as shm does: a direct write's region is
 // named only by this side's SGEs), a Write of at least directMinWrite bytes (1 MiB on
-// ibv and shm: directpin.go) skips the first: it registers the buffer (through a small
+// ibv: directpin.go) skips the first: it registers the buffer (through a small
 // per-Conn cache keyed by address range, so a buffer written again is registered once),
 // posts RDMA_WRITE_WITH_IMMs whose SGEs name the buffer, and returns only once the
 // device has completed them, because the application may reuse the buffer as soon as
@@ -45,6 +45,22 @@ import (
 // freed nor reused while registered (Go's heap does not move objects). A buffer no
 // Write used for a keepalive period is let go (idleDirectLocked). On a provider that
 // pins, registrations are also counted and bounded (directpin.go).
+//
+// On shm the round trip a direct Write waits for is one to the peer process's Poll or
+// goroutine, short next to the copy of 32 KiB it saves. rsockperf, direct against
+// staged Writes, ratios to a Unix socket in the same run, two runs each (2026-12-01):
+//
+//   - both ends in one process: one connection's 64 KiB stream 1.4–1.7× → 2.6–3.4×, its
+//     256 KiB one 1.4× → 3.1–3.9×; 16 and 48 connections streaming 64 KiB Writes
+//     0.7–0.9× → 0.9–1.1×, 100 and 400 connections 0.30–0.65× → 0.27–0.58×, and 256 KiB
+//     Writes 0.3–0.6× → 0.5–1.2× at every count;
+//   - between two processes (medians of three): 64 KiB, one connection 2.2× and 5.0×
+//     → 4.2× and 5.4×, 64 connections 0.84× and 0.88× → 1.14× and 1.09×; 256 KiB, 16
+//     and 64 connections 0.89–1.13× → 1.15–1.67×.
+//
+// So shm takes directMinWrite, as soft does. (It took 1 MiB while shm's Polls drove 64
+// QPs at most: past 32 connections in one process every acknowledgement then waited
+// for a doorbell, and 64 KiB direct Writes ran at 0.16–0.28× the staged ones.)
 const (
 	directMinWrite  = 32 << 10
 	directCacheSize = 4
