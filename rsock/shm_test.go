@@ -435,8 +435,8 @@ func TestSHMFileSizeLimit(t *testing.T) {
 // acknowledgements of those writes woke nobody once no Poll drove the response ring,
 // and every stream stopped for good (64 connections, 2026-11-30, when a CQ's Polls
 // drove 64 QPs at most). Since verbs/shm's maxDriven is 256 these CQs are driven, and
-// the stall shows only where a CQ is armed: verbs/shm's TestStallBehindUnsignaled
-// makes it there.
+// the stall shows only where no Poll drives the ring (a CQ armed, or not polled):
+// verbs/shm's TestStallBehindUnsignaled makes it there.
 func TestSHMManyGrowingStreams(t *testing.T) {
 	const conns, total = 72, 1 << 20
 	cfg := &Config{GrowRingTo: 4 << 20}

@@ -46,14 +46,14 @@ const armedSpin = 30 * time.Microsecond
 // goroutines rather than visit every one on every poll. Left to their goroutines, a
 // request wakes its responder through a doorbell and the network poller unless the
 // responder is still watching its ring (armedSpin): a connection whose requests come
-// a round trip apart pays that on each. It was 64, and an engine's CQ holds about 127
-// connections (16,384 entries, 129 a connection), so from 33 connections with both
-// ends in one process every exchange paid it: 64 connections each making 2-byte round
+// a round trip apart pays that on each. It was 64, and an rsock engine's CQ holds 127
+// QPs (16,384 entries, 129 a QP; 224 at most, with 8 receive WQEs), so from 33
+// connections with both ends in one process most exchanges paid it: 64 connections each making 2-byte round
 // trips at once made 10.5 thousand a second in all against TCP's 92–100 thousand, and
 // one connection among 60 idle ones 6.0 thousand. At 256 they made 167–173 thousand
-// and 23 thousand (medians of three, 2026-12-01; benchmarks/README.md). Each Poll
-// then visits up to 256 QPs, a few microseconds: that, not a doorbell, is what idle
-// connections still cost the busy one.
+// and 23 thousand (medians of three, 2026-12-01; benchmarks/README.md). At 256 an
+// engine's CQs are always driven; each Poll visits up to 127 QPs by default, a few
+// microseconds: that, not a doorbell, is what idle connections still cost a busy one.
 const maxDriven = 256
 
 // inbound is the responder's side of one connection: its channel and what executes

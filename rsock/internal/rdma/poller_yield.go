@@ -34,10 +34,13 @@ func (p *poller) yields() bool { return p.yielder != nil && p.yielder.PollYields
 // (shm's, on a peer's doorbell), and neither a waiter nor the poller's goroutine spins
 // on it (spinFutile): a spinner keeps its processor busy, runtime.Gosched included, and
 // Go's scheduler consults the network poller only when it finds no goroutine to run, or
-// from sysmon every 10 ms. With 64 connections within one process over shm, 128 QPs on
+// from sysmon every 10 ms. With 64 connections within one process over shm, 127 QPs on
 // one CQ when shm's Polls drove 64 at most, a 2-byte round trip on each at once took
 // 4–16 ms: 10.1 thousand round trips a second, and 12.8 thousand without these spins
 // (medians of five, 2026-12-01); TCP made 92–100 thousand.
+//
+// An engine's own CQs hold at most 224 QPs (16,384 entries, SendWQEs+RecvWQEs+1 a QP),
+// under shm's 256: this is a safeguard for CQs sized otherwise.
 type pollDriver interface{ PollDrives() bool }
 
 // cqDriver returns cq's pollDriver, or nil.

@@ -22,19 +22,25 @@ type yieldingCQ struct {
 
 func (c yieldingCQ) PollYields() bool { return c.yields }
 
+// newSHMCQ is a CQ of a device of a fresh shm provider, all closed when the test ends.
+func newSHMCQ(t *testing.T) completionQueue {
+	p, err := shm.New(shm.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { p.Close() })
+	ctx, err := p.Open("shm0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ctx.Close() })
+	cq, err := ctx.CreateCQ(16, nil, 0)
+	require.NoError(t, err)
+	t.Cleanup(func() { cq.Close() })
+	return cq
+}
+
 // TestCQYields: the engine skips its own Gosched only on CQs that say their empty
 // polls yield the processor now: verbs/shm's can (it has PollYields); soft's, and a
 // CQ without the method or whose method says false, do not.
 func TestCQYields(t *testing.T) {
-	p, err := shm.New(shm.Options{})
-	require.NoError(t, err)
-	defer p.Close()
-	ctx, err := p.Open("shm0")
-	require.NoError(t, err)
-	defer ctx.Close()
-	shmCQ, err := ctx.CreateCQ(16, nil, 0)
-	require.NoError(t, err)
-	defer shmCQ.Close()
+	shmCQ := newSHMCQ(t)
 	f := soft.New(soft.Options{})
 	devs, err := f.Devices()
 	require.NoError(t, err)
@@ -214,6 +220,31 @@ func TestAnswerSpinOutside(t *testing.T) {
 	}
 }
 
+// readWaits returns a function that makes one Read of c find nothing, then the arrival
+// of one byte, and returns the empty polls the Read made before it parked: for tests in
+// a synctest bubble on a pollingConn.
+func readWaits(t *testing.T, c *Conn, cq *fakeCQ, q *fakeQP) func() uint64 {
+	arrivals := 0
+	return func() uint64 {
+		t.Helper()
+		before := c.poll.emptied.Load()
+		done := make(chan string, 1)
+		go func() {
+			buf := make([]byte, 16)
+			n, _ := c.Read(buf)
+			done <- string(buf[:n])
+		}()
+		synctest.Wait() // parked on readable
+		polls := c.poll.emptied.Load() - before
+		copy(c.ring[arrivals:], "x") // one byte per arrival, from the ring's start
+		arrivals++
+		cq.push(dataArrival(t, q.qpn, uint64(arrivals), 1))
+		require.Equal(t, 1, c.poll.pollFor(q.qpn, c), "the poller's dispatch")
+		require.Equal(t, "x", <-done)
+		return polls
+	}
+}
+
 // TestReadAfterWriteAwaitsAnswer: on a CQ filled outside, a Read that follows a Write
 // on the same Conn waits for an answer, once, and spins outsideYieldEvery times as
 // long before it parks as a Read that follows a Read. On any other CQ, no Read does.
@@ -222,25 +253,7 @@ func TestReadAfterWriteAwaitsAnswer(t *testing.T) {
 		c, cq, q := pollingConn(t, 3)
 		c.poll.outside = true
 		c.poll.sched = &countingYielder{}
-		arrivals := 0
-		waitedPolls := func() uint64 { // a Read that finds nothing: its empty polls before it parks
-			t.Helper()
-			before := c.poll.emptied.Load()
-			done := make(chan string, 1)
-			go func() {
-				buf := make([]byte, 16)
-				n, _ := c.Read(buf)
-				done <- string(buf[:n])
-			}()
-			synctest.Wait() // parked on readable
-			polls := c.poll.emptied.Load() - before
-			copy(c.ring[arrivals:], "x") // one byte per arrival, from the ring's start
-			arrivals++
-			cq.push(dataArrival(t, q.qpn, uint64(arrivals), 1))
-			require.Equal(t, 1, c.poll.pollFor(q.qpn, c), "the poller's dispatch")
-			require.Equal(t, "x", <-done)
-			return polls
-		}
+		waitedPolls := readWaits(t, c, cq, q)
 		require.False(t, c.awaitsAnswer(), "a new Conn awaits an answer")
 		require.Equal(t, uint64(3), waitedPolls(), "a Read with no Write before it")
 		_, err := c.Write([]byte("q"))
@@ -295,25 +308,7 @@ func TestNoSpinWhereFutile(t *testing.T) {
 		c, cq, q := pollingConn(t, 3)
 		d := &drivingFlag{}
 		c.poll.driver = d
-		arrivals := 0
-		waitedPolls := func() uint64 { // a Read that finds nothing: its empty polls before it parks
-			t.Helper()
-			before := c.poll.emptied.Load()
-			done := make(chan string, 1)
-			go func() {
-				buf := make([]byte, 16)
-				n, _ := c.Read(buf)
-				done <- string(buf[:n])
-			}()
-			synctest.Wait() // parked on readable
-			polls := c.poll.emptied.Load() - before
-			copy(c.ring[arrivals:], "x")
-			arrivals++
-			cq.push(dataArrival(t, q.qpn, uint64(arrivals), 1))
-			require.Equal(t, 1, c.poll.pollFor(q.qpn, c), "the poller's dispatch")
-			require.Equal(t, "x", <-done)
-			return polls
-		}
+		waitedPolls := readWaits(t, c, cq, q)
 		d.drives.Store(true)
 		require.Equal(t, uint64(3), waitedPolls(), "polls that drive")
 		d.drives.Store(false)
@@ -323,17 +318,9 @@ func TestNoSpinWhereFutile(t *testing.T) {
 }
 
 // TestPollerDriverFromCQ: the poller takes its pollDriver from the CQ: shm's has one,
-// which says its polls drive while few QPs feed it; soft's has none.
+// which says its polls drive while few QPs feed it; a CQ without the method has none.
 func TestPollerDriverFromCQ(t *testing.T) {
-	p, err := shm.New(shm.Options{})
-	require.NoError(t, err)
-	defer p.Close()
-	ctx, err := p.Open("shm0")
-	require.NoError(t, err)
-	defer ctx.Close()
-	shmCQ, err := ctx.CreateCQ(16, nil, 0)
-	require.NoError(t, err)
-	defer shmCQ.Close()
+	shmCQ := newSHMCQ(t)
 	d := cqDriver(shmCQ)
 	require.NotNil(t, d, "shm's CQ")
 	require.True(t, d.PollDrives(), "a CQ no QP feeds")
