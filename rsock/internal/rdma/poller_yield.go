@@ -27,16 +27,16 @@ func cqYielder(cq completionQueue) pollYielder {
 // yields reports whether an empty poll of the CQ yielded the processor by itself.
 func (p *poller) yields() bool { return p.yielder != nil && p.yielder.PollYields() }
 
-// pollDriver is implemented by a CQ whose polls may themselves make the completions
-// the poller waits for, by draining the queues that feed it: verbs/shm's, while few
-// enough QPs feed it (PollDrives says whether they do now). When they do not, its
-// completions are made by goroutines of this process that the network poller wakes
-// (shm's, on a peer's doorbell), and neither a waiter nor the poller's goroutine spins
-// on it (spinFutile): a spinner keeps its processor busy, runtime.Gosched included, and
-// Go's scheduler consults the network poller only when it finds no goroutine to run, or
-// from sysmon every 10 ms. With 64 connections within one process over shm, 127 QPs on
-// one CQ when shm's Polls drove 64 at most, a 2-byte round trip on each at once took
-// 4–16 ms: 10.1 thousand round trips a second, and 12.8 thousand without these spins
+// pollDriver is implemented by a CQ whose polls may themselves make the completions the
+// poller waits for, by draining the queues that feed it: verbs/shm's, while few enough
+// QPs feed it (PollDrives says whether they do now). When they do not, its completions
+// are made by goroutines of this process that the network poller wakes (shm's, on a
+// peer's doorbell), and neither a waiter nor the poller's goroutine spins on it
+// (spinFutile): a spinner keeps its processor busy, runtime.Gosched included, and Go's
+// scheduler consults the network poller only when it finds no goroutine to run, or from
+// sysmon every 10 ms. With 64 connections within one process over shm, 127 QPs on one
+// CQ when shm's Polls drove 64 at most, a 2-byte round trip on each at once took mostly
+// 8–16 ms: 10.1 thousand round trips a second, and 12.8 thousand without these spins
 // (medians of five, 2026-12-01); TCP made 92–100 thousand.
 //
 // An engine's own CQs hold at most 224 QPs (16,384 entries, SendWQEs+RecvWQEs+1 a QP),
