@@ -53,3 +53,59 @@ func BenchmarkWriteWithImm(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkDriveIdle: one pass of a Poll over the rings of 127 QPs that feed its CQ
+// with nothing published, as an rsock engine's CQ holds by default (drive.go): what an
+// idle connection costs each Poll of a busy one on the same CQ.
+func BenchmarkDriveIdle(b *testing.B) {
+	const qps = 127
+	p, err := New(Options{Devices: 2})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	x := newEnd(b, p, "shm0", 4096)
+	y := newEnd(b, p, "shm1", 4096)
+	caps := verbs.QPCaps{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}
+	pairs := []*end{x, y}
+	for range qps - 1 {
+		xq, err := x.pd.CreateQP(verbs.QPInitAttr{SendCQ: x.cq, RecvCQ: x.cq, Caps: caps})
+		if err != nil {
+			b.Fatal(err)
+		}
+		yq, err := y.pd.CreateQP(verbs.QPInitAttr{SendCQ: y.cq, RecvCQ: y.cq, Caps: caps})
+		if err != nil {
+			xq.Close()
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { xq.Close(); yq.Close() })
+		pairs = append(pairs, &end{qp: xq, gid: x.gid}, &end{qp: yq, gid: y.gid})
+	}
+	// Each pair's first write starts its connection: then every QP of y's CQ has a
+	// request ring, empty.
+	var wc [16]verbs.WorkCompletion
+	for i := 0; i < len(pairs); i += 2 {
+		connectEnds(b, pairs[i], pairs[i+1], 0, 7)
+		if err := pairs[i+1].qp.PostRecv([]verbs.RecvWR{{ID: 1}}); err != nil {
+			b.Fatal(err)
+		}
+		if err := pairs[i].qp.PostSend([]verbs.SendWR{writeImm(1, x.mr, y.mr, 0, 8)}); err != nil {
+			b.Fatal(err)
+		}
+		for _, cq := range []verbs.CQ{x.cq, y.cq} {
+			for got := 0; got == 0; {
+				if got, err = cq.Poll(wc[:1]); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	}
+	cq := y.cq.(*CQ)
+	if n := len(cq.feederList()); n != qps {
+		b.Fatalf("%d QPs feed the CQ, want %d", n, qps)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		cq.drive()
+	}
+}

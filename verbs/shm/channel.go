@@ -153,6 +153,15 @@ func (r *ring) wakeConsumer() bool {
 // pending reports whether a record (or an impossible cursor) waits to be popped.
 func (r *ring) pending() bool { return atomic.LoadUint64(r.prod) != r.pos }
 
+// published reports, without the consumer's lock, whether the producer published past
+// what the consumer last consumed: both are shared words, so a Poll that finds nothing
+// to do in a ring learns it without taking the lock that guards the consumer's cursor.
+// The peer writes either word as it likes; a wrong answer only makes a Poll look in
+// its own connection's ring when it need not, or leave that ring to its goroutine
+// (serve, readLoop), and so costs no one but that peer. The caller keeps the mapping
+// alive while it looks (CQ.peekMu).
+func (r *ring) published() bool { return atomic.LoadUint64(r.prod) != atomic.LoadUint64(r.cons) }
+
 // pop copies the next record into buf and returns it, or nil if the ring is empty; a
 // record longer than buf, or cursors or lengths that cannot be, are errChannel.
 func (r *ring) pop(buf []byte) ([]byte, error) {

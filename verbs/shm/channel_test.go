@@ -21,6 +21,29 @@ func testRing(size int) (prod, cons *ring) {
 	return p, c
 }
 
+// TestRingPublished: published, which Polls read without the consumer's lock, says
+// whether a record waits, through pushes and pops, and answers "look" for cursors the
+// peer made impossible, whose pop then fails.
+func TestRingPublished(t *testing.T) {
+	p, c := testRing(64)
+	buf := make([]byte, 64)
+	require.False(t, c.published(), "empty")
+	for round := range 3 {
+		ok, _, err := p.push([]byte("record"), false)
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.True(t, c.published(), "round %d: a record waits", round)
+		rec, err := c.pop(buf)
+		require.NoError(t, err)
+		require.Equal(t, "record", string(rec))
+		require.False(t, c.published(), "round %d: consumed", round)
+	}
+	atomic.AddUint64(c.prod, 3) // a peer's impossible cursor
+	require.True(t, c.published())
+	_, err := c.pop(buf)
+	require.ErrorIs(t, err, errChannel)
+}
+
 // TestRingRecords: records of every length go through, in order, across the end of
 // the ring, and a full ring refuses a record whole.
 func TestRingRecords(t *testing.T) {

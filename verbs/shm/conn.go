@@ -328,6 +328,7 @@ func (pc *peerConn) readLoop() {
 	pc.c.Close()
 	pc.q.onConnDown(pc) // after it, the requester pushes nothing more
 	pc.q.out.CompareAndSwap(pc, nil)
+	pc.q.sendCQ.awaitPeeks() // no Poll of the send CQ looks into the ring any more
 	pc.mu.Lock()
 	pc.unmapped = true
 	pc.ch.unmap()
@@ -483,6 +484,7 @@ func (q *QP) serve(c *net.UnixConn) {
 	q.rq.mu.Unlock()
 	defer func() {
 		q.in.CompareAndSwap(in, nil)
+		q.recvCQ.awaitPeeks() // no Poll of the receive CQ looks into the ring any more
 		in.mu.Lock()
 		in.dead = true
 		in.mu.Unlock()

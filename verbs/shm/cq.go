@@ -30,6 +30,10 @@ type CQ struct {
 	feedMu  sync.Mutex
 	feeders atomic.Pointer[[]*QP] // QPs whose rings Poll drains (drive.go)
 	polls   atomic.Uint64         // Poll calls, for the goroutines that watch them
+	// peekMu keeps the rings' mappings alive while Polls look into them without the
+	// rings' locks (drive.go): a Poll holds it for reading, and whoever unmaps a ring
+	// that feeds the CQ takes it for writing first (awaitPeeks).
+	peekMu sync.RWMutex
 }
 
 func newCQ(c *Context, cqe int, ch *CompChannel) *CQ {

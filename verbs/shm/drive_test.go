@@ -257,3 +257,55 @@ func TestPollDrives(t *testing.T) {
 	cq.feedMu.Unlock()
 	require.True(t, cq.PollDrives())
 }
+
+// TestUnmapAwaitsPeeks: a ring that Polls look into without its lock (CQ.drive) is
+// unmapped only once no Poll that reached it still looks: the connection's goroutine,
+// ending, waits for the pass in flight (a read hold of the CQ's peekMu, taken here)
+// with its channel still mapped, and unmaps it when the pass ends. Both sides: the
+// responder's request ring (serve) and the requester's response ring (readLoop).
+func TestUnmapAwaitsPeeks(t *testing.T) {
+	for _, side := range []string{"responder", "requester"} {
+		t.Run(side, func(t *testing.T) {
+			p := newProvider(t, 2)
+			x := newEnd(t, p, "shm0", 4096)
+			y := newEnd(t, p, "shm1", 4096)
+			connectEnds(t, x, y, 0, 7)
+			require.NoError(t, y.qp.PostRecv([]verbs.RecvWR{{ID: 1}}))
+			require.NoError(t, x.qp.PostSend([]verbs.SendWR{writeImm(1, x.mr, y.mr, 0, 8)}))
+			require.Equal(t, verbs.WCSuccess, pollWait(t, x.cq, 1)[0].Status)
+			require.Equal(t, verbs.WCSuccess, pollWait(t, y.cq, 1)[0].Status)
+
+			// The side kept, its CQ held, and the socket that closes under it, as it
+			// closes when the other side's process dies.
+			kept, sock := y, x.qp.(*QP).out.Load().c
+			if side == "requester" {
+				kept, sock = x, y.qp.(*QP).in.Load().c
+			}
+			cq, maps := kept.cq.(*CQ), &kept.qp.(*QP).maps
+			mapped := maps.liveCount()
+			cq.peekMu.RLock() // a Poll's pass, in flight
+			require.NoError(t, sock.Close())
+			// The ending goroutine waits to take peekMu for writing, which keeps any
+			// other reader out: wait for that, pacing the looks.
+			deadline := time.Now().Add(20 * time.Second)
+			for cq.peekMu.TryRLock() {
+				cq.peekMu.RUnlock()
+				require.False(t, time.Now().After(deadline), "no one waited for the pass to end")
+				time.Sleep(50 * time.Microsecond)
+			}
+			require.Equal(t, mapped, maps.liveCount(), "unmapped under a pass in flight")
+			cq.peekMu.RUnlock()
+			for maps.liveCount() == mapped {
+				require.False(t, time.Now().After(deadline), "the channel stayed mapped after the pass")
+				time.Sleep(50 * time.Microsecond)
+			}
+		})
+	}
+}
+
+// liveCount returns how many mappings are counted against m.
+func (m *mapQuota) liveCount() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.live
+}
