@@ -33,43 +33,18 @@ type MR struct {
 // RegMR allocates length bytes of shared memory and registers them. As ibv_reg_mr(3)
 // requires, remote write access needs local write access too.
 func (p *PD) RegMR(length int, access verbs.AccessFlags) (verbs.MR, error) {
-	d := p.ctx.dev
 	if err := provider.CheckRegMR(length, maxRegionSize, access); err != nil {
 		return nil, err
 	}
-	if err := d.p.injectedFailure(allocMR); err != nil {
-		return nil, fmt.Errorf("shm: register MR: %w", err)
-	}
-	if !reserve(&d.nMR, maxMR) {
-		return nil, fmt.Errorf("shm: register MR: device limit of %d MRs: %w", maxMR, verbs.ErrNoResources)
-	}
-	if err := p.refs.Acquire(); err != nil {
-		d.nMR.Add(-1)
-		return nil, fmt.Errorf("shm: register MR: %w", err)
-	}
-	fd, mem, err := newSharedMemory(length, nil)
-	if err != nil {
-		p.refs.Release()
-		d.nMR.Add(-1)
-		return nil, fmt.Errorf("shm: register MR of %d bytes: %w: %w", length, verbs.ErrNoResources, err)
-	}
-	m := &MR{pd: p, dev: d, fd: fd, mem: mem, reg: rc.Region{
-		PD:     &p.refs,
-		Buf:    mem[:length:length],
-		Addr:   uint64(uintptr(unsafe.Pointer(unsafe.SliceData(mem)))),
-		Access: access,
-	}}
-	m.reg.Owner = m
-	key, err := d.mrs.Insert(&m.reg) // never reused: a stale key names nothing
-	if err != nil {
-		unmap(mem, nil)
-		unix.Close(fd)
-		p.refs.Release()
-		d.nMR.Add(-1)
-		return nil, fmt.Errorf("shm: register MR: %w", err)
-	}
-	m.key = key
-	return m, nil
+	return p.register("register MR", maxMR, fullMR, access, func(m *MR) error {
+		fd, mem, err := newSharedMemory(length, nil)
+		if err != nil {
+			return fmt.Errorf("%d bytes: %w: %w", length, verbs.ErrNoResources, err)
+		}
+		m.fd, m.mem = fd, mem
+		m.reg.Buf, m.reg.Addr = mem[:length:length], addressOf(mem)
+		return nil
+	}, p.ctx.dev.mrs.Insert) // never reused: a stale key names nothing
 }
 
 var _ verbs.LocalMemoryRegistrar = (*PD)(nil)
@@ -84,48 +59,75 @@ var _ verbs.LocalMemoryRegistrar = (*PD)(nil)
 // like RegMR's regions, but takes none of its last quarter (maxLocalMR): a caller can
 // do without these (it copies instead), but not without the regions a connection needs.
 func (p *PD) RegLocalMemory(buf []byte, access verbs.AccessFlags) (verbs.MR, error) {
-	d := p.ctx.dev
 	if err := provider.CheckRegMR(len(buf), maxRegionSize, access); err != nil {
 		return nil, err
 	}
 	if access&(verbs.AccessRemoteWrite|verbs.AccessRemoteRead) != 0 {
 		return nil, fmt.Errorf("shm: register memory: remote access to memory not shared with peers: %w", verbs.ErrInvalidArgument)
 	}
-	if err := d.p.injectedFailure(allocMR); err != nil {
-		return nil, fmt.Errorf("shm: register memory: %w", err)
-	}
-	if !reserve(&d.nMR, maxLocalMR) {
-		return nil, fmt.Errorf("shm: register memory: %d of the device's %d MRs taken, the most caller memory may use: %w",
-			maxLocalMR, maxMR, verbs.ErrNoResources)
-	}
-	if err := p.refs.Acquire(); err != nil {
-		d.nMR.Add(-1)
-		return nil, fmt.Errorf("shm: register memory: %w", err)
-	}
 	if buf == nil {
 		buf = []byte{}
 	}
-	m := &MR{pd: p, dev: d, fd: -1, reg: rc.Region{
-		PD:     &p.refs,
-		Buf:    buf[:len(buf):len(buf)],
-		Addr:   uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf)))),
-		Access: access,
-	}}
+	return p.register("register memory", maxLocalMR, fullLocalMR, access, func(m *MR) error {
+		m.reg.Buf, m.reg.Addr = buf[:len(buf):len(buf)], addressOf(buf)
+		return nil
+	}, p.ctx.dev.mrs.InsertLocal) // no peer ever holds its key (regionFor refuses it): reused
+}
+
+// register is the sequence RegMR and RegLocalMemory share, each step undone if a later
+// one fails: an injected failure, an MR of the device's (at most limit of them, else
+// the error says full), a reference to p, the region's memory (place sets it and, for
+// memory of its own, fd and mem), and the region's key from insert. op names the
+// operation in errors.
+func (p *PD) register(op string, limit int, full string, access verbs.AccessFlags,
+	place func(*MR) error, insert func(*rc.Region) (uint32, error)) (verbs.MR, error) {
+	d := p.ctx.dev
+	if err := d.p.injectedFailure(allocMR); err != nil {
+		return nil, fmt.Errorf("shm: %s: %w", op, err)
+	}
+	if !reserve(&d.nMR, limit) {
+		return nil, fmt.Errorf("shm: %s: %s: %w", op, full, verbs.ErrNoResources)
+	}
+	if err := p.refs.Acquire(); err != nil {
+		d.nMR.Add(-1)
+		return nil, fmt.Errorf("shm: %s: %w", op, err)
+	}
+	m := &MR{pd: p, dev: d, fd: -1, reg: rc.Region{PD: &p.refs, Access: access}}
 	m.reg.Owner = m
-	// No peer ever holds its key (regionFor refuses it): the key's index may be reused,
-	// so that registering over and over, as direct writes do, spends no keys for good.
-	key, err := d.mrs.InsertLocal(&m.reg)
+	err := place(m)
+	if err == nil {
+		if m.key, err = insert(&m.reg); err != nil {
+			m.free()
+		}
+	}
 	if err != nil {
 		p.refs.Release()
 		d.nMR.Add(-1)
-		return nil, fmt.Errorf("shm: register memory: %w", err)
+		return nil, fmt.Errorf("shm: %s: %w", op, err)
 	}
-	m.key = key
 	return m, nil
+}
+
+// addressOf returns the address of b's first byte in this process.
+func addressOf(b []byte) uint64 { return uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b)))) }
+
+// free releases the memory RegMR made for m; the caller's memory (RegLocalMemory) is
+// not m's to release.
+func (m *MR) free() {
+	if m.fd >= 0 {
+		unmap(m.mem, nil)
+		unix.Close(m.fd)
+	}
 }
 
 // maxLocalMR is the most of the device's MRs RegLocalMemory's regions take together.
 const maxLocalMR = maxMR / 4 * 3
+
+// What register's error says when RegMR's or RegLocalMemory's limit is reached.
+var (
+	fullMR      = fmt.Sprintf("device limit of %d MRs", maxMR)
+	fullLocalMR = fmt.Sprintf("%d of the device's %d MRs taken, the most caller memory may use", maxLocalMR, maxMR)
+)
 
 const page = 4096
 
@@ -245,10 +247,7 @@ func (m *MR) Close() error {
 	// A request already past its checks may be copying: keep the mapping until no
 	// responder holds the device's region table, as a DMA under way finishes.
 	m.dev.mrMu.Lock()
-	if m.fd >= 0 { // else the caller's memory (RegLocalMemory), not ours to unmap
-		unmap(m.mem, nil)
-		unix.Close(m.fd)
-	}
+	m.free()
 	m.dev.mrMu.Unlock()
 	m.dev.nMR.Add(-1)
 	m.pd.refs.Release()
