@@ -266,14 +266,7 @@ func TestPollDrives(t *testing.T) {
 func TestUnmapAwaitsPeeks(t *testing.T) {
 	for _, side := range []string{"responder", "requester"} {
 		t.Run(side, func(t *testing.T) {
-			p := newProvider(t, 2)
-			x := newEnd(t, p, "shm0", 4096)
-			y := newEnd(t, p, "shm1", 4096)
-			connectEnds(t, x, y, 0, 7)
-			require.NoError(t, y.qp.PostRecv([]verbs.RecvWR{{ID: 1}}))
-			require.NoError(t, x.qp.PostSend([]verbs.SendWR{writeImm(1, x.mr, y.mr, 0, 8)}))
-			require.Equal(t, verbs.WCSuccess, pollWait(t, x.cq, 1)[0].Status)
-			require.Equal(t, verbs.WCSuccess, pollWait(t, y.cq, 1)[0].Status)
+			x, y := connectedPair(t, newProvider(t, 2))
 
 			// The side kept, its CQ held, and the socket that closes under it, as it
 			// closes when the other side's process dies.

@@ -77,6 +77,21 @@ func connectEnds(t testing.TB, a, b *end, timeout, retry uint8) {
 	b.link(t, a.gid, a.qp.QPN(), timeout, retry)
 }
 
+// connectedPair returns two ends of p's devices shm0 and shm1, connected, after one
+// write with immediate from x to y, both completions reaped: both QPs' connections are
+// up, x's to y (its response ring) and y's from x (its request ring).
+func connectedPair(t *testing.T, p verbs.Provider) (x, y *end) {
+	t.Helper()
+	x = newEnd(t, p, "shm0", 4096)
+	y = newEnd(t, p, "shm1", 4096)
+	connectEnds(t, x, y, 0, 7)
+	require.NoError(t, y.qp.PostRecv([]verbs.RecvWR{{ID: 1}}))
+	require.NoError(t, x.qp.PostSend([]verbs.SendWR{writeImm(1, x.mr, y.mr, 0, 8)}))
+	require.Equal(t, verbs.WCSuccess, pollWait(t, x.cq, 1)[0].Status)
+	require.Equal(t, verbs.WCSuccess, pollWait(t, y.cq, 1)[0].Status)
+	return x, y
+}
+
 // pollWait polls cq until it has n completions, failing the test after 20 s: a bound
 // on something that must happen, never a timing assertion.
 func pollWait(t *testing.T, cq verbs.CQ, n int) []verbs.WorkCompletion {

@@ -26,13 +26,7 @@ func busyPoll(t *testing.T, cq verbs.CQ, n int) {
 // while they drive it (polled since its last look, not armed), for the QP's current
 // connection, and with no region query awaiting its answer on the socket.
 func TestLeasable(t *testing.T) {
-	p := newProvider(t, 2)
-	x := newEnd(t, p, "shm0", 4096)
-	y := newEnd(t, p, "shm1", 4096)
-	connectEnds(t, x, y, 0, 7)
-	require.NoError(t, y.qp.PostRecv([]verbs.RecvWR{{ID: 1}}))
-	require.NoError(t, x.qp.PostSend([]verbs.SendWR{writeImm(1, x.mr, y.mr, 0, 8)}))
-	require.Equal(t, verbs.WCSuccess, pollWait(t, x.cq, 1)[0].Status)
+	x, _ := connectedPair(t, newProvider(t, 2))
 	q := x.qp.(*QP)
 	pc := q.out.Load()
 	require.NotNil(t, pc)
