@@ -476,7 +476,8 @@ func (q *QP) serve(c *net.UnixConn) {
 		return
 	}
 	in := &inbound{q: q, c: c, src: src, bell: b, ch: ch, reqs: ch.requestRing(), resps: ch.responseRing(),
-		buf: make([]byte, maxMsg), out: make([]byte, 0, regionLen), wake: make(chan struct{}, 1)}
+		buf: make([]byte, maxMsg), out: make([]byte, 0, regionLen), wake: make(chan struct{}, 1),
+		reply: regionAnswer{b: make([]byte, 0, regionLen), fd: -1}}
 	q.rq.mu.Lock()
 	if q.rq.srcGID == src.gid && q.rq.srcQPN == src.qpn {
 		q.in.Store(in) // the connection of the QP's peer: Poll drives it
@@ -487,6 +488,7 @@ func (q *QP) serve(c *net.UnixConn) {
 		q.recvCQ.awaitPeeks() // no Poll of the receive CQ looks into the ring any more
 		in.mu.Lock()
 		in.dead = true
+		in.dropReply()
 		in.mu.Unlock()
 		ch.unmap()
 	}()
@@ -499,6 +501,14 @@ func (q *QP) serve(c *net.UnixConn) {
 		got, err := 0, errClosedConn
 		if !in.dead {
 			got, err = in.drainLocked()
+		}
+		if reply := in.reply; err == nil && reply.waiting { // left by this drain or a Poll's
+			in.mu.Unlock()
+			if in.sendReply(reply) != nil {
+				return
+			}
+			spun = false
+			continue
 		}
 		leased, sleep, pos := false, false, in.reqs.pos
 		if err == nil && got == 0 {

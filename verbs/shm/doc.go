@@ -74,8 +74,12 @@
 // Every cursor and record length read from a channel is checked against the ring and
 // the bytes published, records are copied out before they are decoded, and each side
 // keeps its own cursors in private memory; a violation ends the connection, which the
-// requester sees as a dead link. Peers must run as the same user (SO_PEERCRED, checked
-// in both directions) unless [Options].AllowUIDs says otherwise.
+// requester sees as a dead link. A Poll or an arming never blocks writing to a peer's
+// socket (doorbells are dropped when it is full): the answer to a region query, a
+// datagram whose write blocks while the requester leaves its socket unread, is sent by
+// that connection's goroutine alone, so a requester that floods queries and reads
+// nothing stalls its own connection only (TestUnreadRegionAnswers). Peers must run as the same user (SO_PEERCRED, checked in
+// both directions) unless [Options].AllowUIDs says otherwise.
 //
 // # Rules enforced
 //

@@ -74,13 +74,30 @@ type inbound struct {
 	buf   []byte // a request record, copied out of the ring
 	out   []byte // a response being encoded
 	m     msg
+	reply regionAnswer // a region query's answer, made by drainLocked, that serve sends
 }
 
-// drainLocked executes every request and region query in the request ring and answers
-// each. An error ends the connection.
+// regionAnswer is an answer to a region query that waits to be sent on the socket, and the
+// descriptor it passes (-1: none). Its bytes have their own buffer: drainLocked
+// encodes responses into inbound.out while serve sends the answer.
+type regionAnswer struct {
+	waiting bool
+	b       []byte
+	fd      int
+}
+
+// drainLocked executes the requests in the request ring and answers each, up to and
+// including the first region query: that answer travels on the socket, and a write to
+// a socket blocks for as long as the requester leaves it unread. drainLocked runs in
+// Polls of the receive CQ (drive) and under inbound.mu, which ReqNotify takes for
+// every ring that feeds the CQ; a blocked write there would stall every connection of
+// the CQ, for one requester that stopped reading. So drainLocked makes the answer and
+// leaves it in reply, and the connection's goroutine sends it (serve, sendReply)
+// without the lock; nothing more is drained until it has, so requests are executed and
+// answered in order as before. An error ends the connection.
 func (in *inbound) drainLocked() (int, error) {
 	n := 0
-	for {
+	for !in.reply.waiting {
 		rec, err := in.reqs.pop(in.buf)
 		if err != nil || rec == nil {
 			return n, err
@@ -105,14 +122,33 @@ func (in *inbound) drainLocked() (int, error) {
 			}
 		case msgMRQuery:
 			reply, fd := in.q.regionFor(in.src, m.rkey)
-			err := sendMsg(in.c, reply.encode(in.out), fd)
-			closeFD(fd)
-			if err != nil {
-				return n, err
-			}
+			in.reply = regionAnswer{waiting: true, b: reply.encode(in.reply.b[:0]), fd: fd}
 		default:
 			return n, errMalformed
 		}
+	}
+	return n, nil
+}
+
+// sendReply sends r, the region query's answer that drainLocked left in reply, without
+// inbound.mu: it blocks for as long as the requester leaves its socket unread, and
+// holds up no one but this connection meanwhile. Only serve calls it. Nothing else
+// writes reply while it waits, so r's bytes are not overwritten during the send.
+func (in *inbound) sendReply(r regionAnswer) error {
+	err := sendMsg(in.c, r.b, r.fd)
+	closeFD(r.fd)
+	in.mu.Lock()
+	in.reply.waiting, in.reply.fd = false, -1
+	in.mu.Unlock()
+	return err
+}
+
+// dropReply closes the descriptor of an answer that will not be sent: the connection
+// ended.
+func (in *inbound) dropReply() {
+	if in.reply.waiting {
+		closeFD(in.reply.fd)
+		in.reply.waiting, in.reply.fd = false, -1
 	}
 }
 
@@ -127,7 +163,14 @@ func (in *inbound) drive() {
 			in.c.Close()
 		}
 	}
+	waiting := in.reply.waiting
 	in.mu.Unlock()
+	if waiting { // serve sends it: end its lease
+		select {
+		case in.wake <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // announceSleep says, for an armed CQ, that the request ring's consumer sleeps.

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -341,4 +342,89 @@ func TestScribbledChannel(t *testing.T) {
 			require.Equal(t, verbs.QPStateError, a.qp.State())
 		})
 	}
+}
+
+// TestUnreadRegionAnswers: a requester that floods its responder with region queries
+// and never reads the socket their answers travel on holds up its own connection and
+// nothing else. The responder's goroutine blocks writing the answers; the Polls and the
+// arming of the responder's CQ, which drive and mark every ring that feeds it, still
+// return, and another connection on the same CQs carries on.
+func TestUnreadRegionAnswers(t *testing.T) {
+	p := newProvider(t, 2)
+	a := newEnd(t, p, "shm0", 4096)
+	b := newEnd(t, p, "shm1", 4096)
+	connectEnds(t, a, b, 14, 3) // a never posts: the test poses as a's QP
+
+	// Queries fill the request ring before the hello arrives, so that the responder
+	// drains them at once, more than the socket holds unread.
+	fd, ch, err := newChannelMemory(nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { unix.Close(fd); ch.unmap() })
+	reqs := ch.requestRing()
+	query := (&msg{kind: msgMRQuery, rkey: b.mr.RKey()}).encode(nil)
+	queries := 0
+	for {
+		ok, _, err := reqs.push(query, false)
+		require.NoError(t, err)
+		if !ok {
+			break
+		}
+		queries++
+	}
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: qpSocketName(b.qp.QPN()), Net: "unixpacket"})
+	require.NoError(t, err)
+	defer c.Close()
+	hello := (&msg{kind: msgHello, srcQPN: a.qp.QPN(), dstQPN: b.qp.QPN(), srcGID: a.gid}).encode(nil)
+	_, _, err = c.WriteMsgUnix(hello, unix.UnixRights(fd), nil)
+	require.NoError(t, err)
+
+	// The responder stops consuming once the socket is full: its cursor stands still
+	// short of the last query (the test's precondition, not its assertion).
+	cons := ch.word64(offReqCons)
+	total := uint64(queries) * align8(4+uint64(len(query)))
+	last, still := uint64(0), 0
+	for deadline := time.Now().Add(20 * time.Second); still < 100; {
+		require.False(t, time.Now().After(deadline), "the responder consumed %d of %d bytes of queries and did not stop", last, total)
+		time.Sleep(time.Millisecond)
+		if now := atomic.LoadUint64(cons); now != last || now == 0 {
+			last, still = now, 0
+			continue
+		}
+		still++
+	}
+	require.Less(t, last, total, "the socket took every answer unread: nothing blocked")
+
+	// Polls and arming of b's CQ return while the responder is blocked.
+	returned := make(chan error, 1)
+	go func() {
+		var wc [4]verbs.WorkCompletion
+		if _, err := b.cq.Poll(wc[:]); err != nil {
+			returned <- err
+			return
+		}
+		returned <- b.cq.ReqNotify(false)
+	}()
+	select {
+	case err := <-returned:
+		require.NoError(t, err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("Poll or ReqNotify of the responder's CQ blocked behind a requester that does not read its socket")
+	}
+
+	// Another connection on the same CQs carries on.
+	caps := verbs.QPCaps{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}
+	aq, err := a.pd.CreateQP(verbs.QPInitAttr{SendCQ: a.cq, RecvCQ: a.cq, Caps: caps})
+	require.NoError(t, err)
+	defer aq.Close()
+	bq, err := b.pd.CreateQP(verbs.QPInitAttr{SendCQ: b.cq, RecvCQ: b.cq, Caps: caps})
+	require.NoError(t, err)
+	defer bq.Close()
+	a2, b2 := &end{qp: aq, gid: a.gid}, &end{qp: bq, gid: b.gid}
+	connectEnds(t, a2, b2, 14, 3)
+	require.NoError(t, bq.PostRecv([]verbs.RecvWR{{ID: 1}}))
+	copy(a.mr.Bytes(), "carry on")
+	require.NoError(t, aq.PostSend([]verbs.SendWR{writeImm(9, a.mr, b.mr, 0, 8)}))
+	require.Equal(t, verbs.WCSuccess, pollWait(t, a.cq, 1)[0].Status)
+	require.Equal(t, verbs.WCSuccess, pollWait(t, b.cq, 1)[0].Status)
+	require.Equal(t, "carry on", string(b.mr.Bytes()[:8]))
 }
