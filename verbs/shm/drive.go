@@ -86,9 +86,18 @@ type regionAnswer struct {
 	fd      int
 }
 
-// drainLocked executes the requests in the request ring and answers each, up to and
-// including the first region query: that answer travels on the socket, and a write to
-// a socket blocks for as long as the requester leaves it unread. drainLocked runs in
+// maxDrainBatch bounds the records one drain takes from a ring. A drain runs under the
+// ring's lock, which arming the CQ (announceSleep) and a Poll's drive take too, and the
+// peer maps the channel and moves its cursors as it likes: one that kept its ring full
+// would keep a single drain going, and the lock held, for as long as it flooded. The
+// connection's goroutine (serve, readLoop) drains again at once after a full batch, and
+// so does the next look of a Poll; a full pipeline (maxInflight records) takes a few.
+const maxDrainBatch = 256
+
+// drainLocked executes the requests in the request ring and answers each, at most
+// maxDrainBatch, and up to and including the first region query: that answer travels
+// on the socket, and a write to a socket blocks for as long as the requester leaves it
+// unread. drainLocked runs in
 // Polls of the receive CQ (drive) and under inbound.mu, which ReqNotify takes for
 // every ring that feeds the CQ; a blocked write there would stall every connection of
 // the CQ, for one requester that stopped reading. So drainLocked makes the answer and
@@ -97,7 +106,7 @@ type regionAnswer struct {
 // answered in order as before. An error ends the connection.
 func (in *inbound) drainLocked() (int, error) {
 	n := 0
-	for !in.reply.waiting {
+	for n < maxDrainBatch && !in.reply.waiting {
 		rec, err := in.reqs.pop(in.buf)
 		if err != nil || rec == nil {
 			return n, err
@@ -186,11 +195,11 @@ func (in *inbound) announceSleep() {
 	}
 }
 
-// drainLocked handles every response in the response ring. An error ends the
-// connection.
+// drainLocked handles the responses in the response ring, at most maxDrainBatch. An
+// error ends the connection.
 func (pc *peerConn) drainLocked() (int, error) {
 	n := 0
-	for {
+	for n < maxDrainBatch {
 		rec, err := pc.resp.pop(pc.buf[:])
 		if err != nil || rec == nil {
 			return n, err
@@ -202,6 +211,7 @@ func (pc *peerConn) drainLocked() (int, error) {
 		}
 		pc.q.onResponse(pc, &m)
 	}
+	return n, nil
 }
 
 // drive drains the response ring for a Poll of the QP's send CQ, if no one else is.

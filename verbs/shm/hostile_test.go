@@ -428,3 +428,60 @@ func TestUnreadRegionAnswers(t *testing.T) {
 	require.Equal(t, verbs.WCSuccess, pollWait(t, b.cq, 1)[0].Status)
 	require.Equal(t, "carry on", string(b.mr.Bytes()[:8]))
 }
+
+// TestDrainBatches: a drain takes at most maxDrainBatch records from a ring, however
+// many the peer published, and the next drain takes the next ones. A drain holds the
+// ring's lock, which arming the CQ needs; a peer that kept its ring full (it maps the
+// channel and moves the cursors as it likes) would otherwise hold up the arming, and
+// with it every connection of the CQ, for as long as it flooded.
+func TestDrainBatches(t *testing.T) {
+	p := newProvider(t, 2)
+	a := newEnd(t, p, "shm0", 4096)
+	b := newEnd(t, p, "shm1", 4096)
+	connectEnds(t, a, b, 14, 3)
+	const records = 3*maxDrainBatch + 5
+	newChannel := func(t *testing.T) *channel {
+		fd, ch, err := newChannelMemory(nil)
+		require.NoError(t, err)
+		t.Cleanup(func() { unix.Close(fd); ch.unmap() })
+		return ch
+	}
+	fill := func(t *testing.T, r ring, rec []byte) {
+		for range records {
+			ok, _, err := r.push(rec, false)
+			require.True(t, ok && err == nil, "push: %v, %v", ok, err)
+		}
+	}
+	batches := func(t *testing.T, mu *sync.Mutex, drain func() (int, error)) []int {
+		var got []int
+		for {
+			mu.Lock()
+			n, err := drain()
+			mu.Unlock()
+			require.NoError(t, err)
+			if n == 0 {
+				return got
+			}
+			got = append(got, n)
+		}
+	}
+	want := []int{maxDrainBatch, maxDrainBatch, maxDrainBatch, 5}
+
+	t.Run("Requests", func(t *testing.T) {
+		// Requests from b's peer with a PSN from the future: dropped, each answered.
+		ch := newChannel(t)
+		fill(t, ch.requestRing(), (&msg{kind: msgRequest, op: opWrite, psn: 1 << 22}).encode(nil))
+		bq := b.qp.(*QP)
+		in := &inbound{q: bq, src: requester{gid: a.gid, qpn: a.qp.QPN()}, ch: ch,
+			reqs: ch.requestRing(), resps: ch.responseRing(), buf: make([]byte, maxMsg),
+			out: make([]byte, 0, regionLen), reply: regionAnswer{fd: -1}}
+		require.Equal(t, want, batches(t, &in.mu, in.drainLocked))
+	})
+	t.Run("Responses", func(t *testing.T) {
+		// Responses on a connection that is not its QP's: each ignored.
+		ch := newChannel(t)
+		fill(t, ch.responseRing(), (&msg{kind: msgResponse, respKind: respAck}).encode(nil))
+		pc := &peerConn{q: a.qp.(*QP), ch: ch, resp: ch.responseRing()}
+		require.Equal(t, want, batches(t, &pc.mu, pc.drainLocked))
+	})
+}
