@@ -78,10 +78,11 @@
 // socket (doorbells are dropped when it is full): the answer to a region query, a
 // datagram whose write blocks while the requester leaves its socket unread, is sent by
 // that connection's goroutine alone, so a requester that floods queries and reads
-// nothing stalls its own connection only (TestUnreadRegionAnswers); and a drain takes
-// a bounded batch of records under the ring's lock, so a peer that keeps its ring full
-// holds up no arming of the CQ beyond one batch (TestDrainBatches). Peers must run as the same user (SO_PEERCRED, checked in
-// both directions) unless [Options].AllowUIDs says otherwise.
+// nothing stalls its own connection only (TestUnreadRegionAnswers); and a drain takes a
+// bounded batch of records under the ring's lock, so a peer that keeps its ring full
+// holds up no arming of the CQ beyond one batch (TestDrainBatches). Peers must run as
+// the same user (SO_PEERCRED, checked in both directions) unless [Options].AllowUIDs
+// says otherwise.
 //
 // # Rules enforced
 //

@@ -95,15 +95,15 @@ type regionAnswer struct {
 const maxDrainBatch = 256
 
 // drainLocked executes the requests in the request ring and answers each, at most
-// maxDrainBatch, and up to and including the first region query: that answer travels
-// on the socket, and a write to a socket blocks for as long as the requester leaves it
-// unread. drainLocked runs in
-// Polls of the receive CQ (drive) and under inbound.mu, which ReqNotify takes for
-// every ring that feeds the CQ; a blocked write there would stall every connection of
-// the CQ, for one requester that stopped reading. So drainLocked makes the answer and
-// leaves it in reply, and the connection's goroutine sends it (serve, sendReply)
-// without the lock; nothing more is drained until it has, so requests are executed and
-// answered in order as before. An error ends the connection.
+// maxDrainBatch, and up to and including the first region query: that answer travels on
+// the socket, and a write to a socket blocks for as long as the requester leaves it
+// unread. drainLocked runs in Polls of the receive CQ (drive) and under inbound.mu,
+// which ReqNotify takes for every ring that feeds the CQ; a blocked write there would
+// stall every connection of the CQ, for one requester that stopped reading. So
+// drainLocked makes the answer and leaves it in reply, and the connection's goroutine
+// sends it (serve, sendReply) without the lock; nothing more is drained until it has,
+// so requests are executed and answered in order as before. An error ends the
+// connection.
 func (in *inbound) drainLocked() (int, error) {
 	n := 0
 	for n < maxDrainBatch && !in.reply.waiting {
