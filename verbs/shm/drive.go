@@ -174,11 +174,17 @@ func (in *inbound) drive() {
 	}
 	waiting := in.reply.waiting
 	in.mu.Unlock()
-	if waiting { // serve sends it: end its lease
-		select {
-		case in.wake <- struct{}{}:
-		default:
-		}
+	if waiting { // serve sends it
+		in.endLease()
+	}
+}
+
+// endLease ends serve's lease, if it has one: the CQ was armed, or a Poll left an
+// answer for it to send.
+func (in *inbound) endLease() {
+	select {
+	case in.wake <- struct{}{}:
+	default:
 	}
 }
 
@@ -189,10 +195,7 @@ func (in *inbound) announceSleep() {
 		atomic.StoreUint32(in.reqs.sleep, 1)
 	}
 	in.mu.Unlock()
-	select {
-	case in.wake <- struct{}{}:
-	default:
-	}
+	in.endLease()
 }
 
 // drainLocked handles the responses in the response ring, at most maxDrainBatch. An
