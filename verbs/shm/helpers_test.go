@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/rsockio/rsock/verbs"
 )
@@ -116,4 +117,14 @@ func writeImm(id uint64, src, dst verbs.MR, off, n int) verbs.SendWR {
 	return verbs.SendWR{ID: id, Opcode: verbs.OpRDMAWriteWithImm, Flags: verbs.SendSignaled, Imm: uint32(id),
 		SGL:        []verbs.SGE{{Addr: src.Addr() + uint64(off), Length: uint32(n), LKey: src.LKey()}},
 		RemoteAddr: dst.Addr() + uint64(off), RKey: dst.RKey()}
+}
+
+// channelFD returns a channel's memfd and its mapping, as a requester makes them, for a
+// test that plays the requester by hand; both are released when the test ends.
+func channelFD(t *testing.T) (int, *channel) {
+	t.Helper()
+	fd, ch, err := newChannelMemory(nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { unix.Close(fd); ch.unmap() })
+	return fd, ch
 }

@@ -150,13 +150,6 @@ func TestHostileRequester(t *testing.T) {
 	}
 	aq, bq := a.qp.QPN(), b.qp.QPN()
 	write := (&msg{kind: msgRequest, op: opWrite, rkey: b.mr.RKey(), length: 8, addr: b.mr.Addr()}).encode(nil)
-	// A channel's memfd and its request ring, as a requester makes them.
-	channelFD := func(t *testing.T) (int, *channel) {
-		fd, ch, err := newChannelMemory(nil)
-		require.NoError(t, err)
-		t.Cleanup(func() { unix.Close(fd); ch.unmap() })
-		return fd, ch
-	}
 	push := func(rec []byte) func(*testing.T, *channel) {
 		return func(t *testing.T, ch *channel) {
 			r := ch.requestRing()
@@ -357,9 +350,7 @@ func TestUnreadRegionAnswers(t *testing.T) {
 
 	// Queries fill the request ring before the hello arrives, so that the responder
 	// drains them at once, more than the socket holds unread.
-	fd, ch, err := newChannelMemory(nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { unix.Close(fd); ch.unmap() })
+	fd, ch := channelFD(t)
 	reqs := ch.requestRing()
 	query := (&msg{kind: msgMRQuery, rkey: b.mr.RKey()}).encode(nil)
 	queries := 0
@@ -440,12 +431,6 @@ func TestDrainBatches(t *testing.T) {
 	b := newEnd(t, p, "shm1", 4096)
 	connectEnds(t, a, b, 14, 3)
 	const records = 3*maxDrainBatch + 5
-	newChannel := func(t *testing.T) *channel {
-		fd, ch, err := newChannelMemory(nil)
-		require.NoError(t, err)
-		t.Cleanup(func() { unix.Close(fd); ch.unmap() })
-		return ch
-	}
 	fill := func(t *testing.T, r ring, rec []byte) {
 		for range records {
 			ok, _, err := r.push(rec, false)
@@ -469,7 +454,7 @@ func TestDrainBatches(t *testing.T) {
 
 	t.Run("Requests", func(t *testing.T) {
 		// Requests from b's peer with a PSN from the future: dropped, each answered.
-		ch := newChannel(t)
+		_, ch := channelFD(t)
 		fill(t, ch.requestRing(), (&msg{kind: msgRequest, op: opWrite, psn: 1 << 22}).encode(nil))
 		bq := b.qp.(*QP)
 		in := &inbound{q: bq, src: requester{gid: a.gid, qpn: a.qp.QPN()}, ch: ch,
@@ -479,7 +464,7 @@ func TestDrainBatches(t *testing.T) {
 	})
 	t.Run("Responses", func(t *testing.T) {
 		// Responses on a connection that is not its QP's: each ignored.
-		ch := newChannel(t)
+		_, ch := channelFD(t)
 		fill(t, ch.responseRing(), (&msg{kind: msgResponse, respKind: respAck}).encode(nil))
 		pc := &peerConn{q: a.qp.(*QP), ch: ch, resp: ch.responseRing()}
 		require.Equal(t, want, batches(t, &pc.mu, pc.drainLocked))
