@@ -130,16 +130,7 @@ cmd_step path_filtered path_filtered
 : > /tmp/perf.txt
 PERF_ROUND=1
 while [ "$PERF_ROUND" -le "$PERF_ROUNDS" ]; do
-  r=_r$PERF_ROUND
-  cmd_step perf_ib_write_bw_64KiB$r perftest ib_write_bw stream_64KiB -s 65536 -D "$PERF_SECS"
-  cmd_step perf_ib_write_bw_4KiB$r perftest ib_write_bw stream_4KiB -s 4096 -D "$PERF_SECS"
-  cmd_step perf_ib_write_lat_64B$r perftest ib_write_lat rtt_64B -s 64 -n 5000
-  cmd_step perf_rstream_64KiB$r rstream_run stream_64KiB -S 65536 -C 1000 -I 1
-  cmd_step perf_rstream_4KiB$r rstream_run stream_4KiB -S 4096 -C 10000 -I 1
-  cmd_step perf_rstream_64B$r rstream_run rtt_64B -S 64 -C 1 -I 5000
-  cmd_step perf_rc_pingpong_64B_event$r rcpingpong_run rtt_64B_event -s 64 -n 2000
-  cmd_step perf_rsockperf$r rsockperf_run
-  cmd_step perf_rsockperf_spin$r rsockperf_spin_run
+  perf_round "$PERF_ROUND"
   PERF_ROUND=$((PERF_ROUND + 1))
 done
 cmd_step perf_ratios perf_ratios

@@ -3,10 +3,11 @@
 # boot mean anything, and even those swing by a quarter or more from one minute to the
 # next (the same build's stream measured 0.66× and 1.01× of ib_write_bw in two boots).
 # So init runs every tool once per round, PERF_ROUNDS rounds one after the other, each
-# tool's run a step; the figures land in /tmp/perf.txt as "<tool> <measure> <value>
-# <round>" (MB/s for throughput, 10^6 bytes; µs for round trips), and perf_ratios prints
-# the median over the rounds of rsock/perftest and rsock/rstream, each round's ratio
-# taken between runs minutes apart at most, as "@@RATIO" lines.
+# tool's run a step, and within a round a measure's tools back to back, rsock between
+# its two references (perf_round): each round's ratio is taken between runs seconds
+# apart. The figures land in /tmp/perf.txt as "<tool> <measure> <value> <round>" (MB/s
+# for throughput, 10^6 bytes; µs for round trips), and perf_ratios prints the median
+# over the rounds of rsock/perftest and rsock/rstream as "@@RATIO" lines.
 #
 # Measures: stream of 64 KiB and 4 KiB writes (throughput), 64 B ping-pong (round trip).
 #   perftest: ib_write_bw's "BW average" (MiB/s, converted) and ib_write_lat's t_typical
@@ -140,57 +141,82 @@ rstream_run() {
   record rstream "$measure" "$v"
 }
 
-# rsockperf_run: one server and one client process, RsockRDMA, the three measures.
-# Each round listens on a port of its own.
+# rsockperf_run <measure> <workload> <size> [flags...]: one server and one client
+# process, RsockRDMA, one workload at one size, the figure recorded as <measure> (stream:
+# MB/s; pingpong: its p50, a round trip, in µs). flags go to both sides (-spin 100000
+# for rtt_64B_spin). Each run listens on a port of its own.
+RPPORT=7100
 rsockperf_run() {
-  local spid crc src port=$((7100 + PERF_ROUND))
-  timeout -k 5 300 /t/bin/rsockperf -mode server -addr $B:$port -transports RsockRDMA > /tmp/rp_s.log 2>&1 &
+  local measure=$1 workload=$2 size=$3 spid crc src v
+  shift 3
+  RPPORT=$((RPPORT + 1))
+  timeout -k 5 300 /t/bin/rsockperf -mode server -addr $B:$RPPORT -transports RsockRDMA "$@" > /tmp/rp_s.log 2>&1 &
   spid=$!
-  wait_listen $port $spid || { kill $spid 2>/dev/null; cat /tmp/rp_s.log; return 1; }
-  timeout -k 5 240 /t/bin/rsockperf -mode client -q -addr $B:$port -transports RsockRDMA \
-    -workloads stream,pingpong -sizes 64,4KiB,64KiB -duration "${PERF_SECS}s" > /tmp/rp_c.log 2>&1
+  wait_listen $RPPORT $spid || { kill $spid 2>/dev/null; cat /tmp/rp_s.log; return 1; }
+  timeout -k 5 240 /t/bin/rsockperf -mode client -q -addr $B:$RPPORT -transports RsockRDMA "$@" \
+    -workloads "$workload" -sizes "$size" -duration "${PERF_SECS}s" > /tmp/rp_c.log 2>&1
   crc=$?
   stop $spid rsockperf-server
   src=$?
   cat /tmp/rp_c.log
   [ $crc = 0 ] && [ $src = 0 ] || { echo "--- server:"; cat /tmp/rp_s.log; echo "client $crc, server $src"; return 1; }
-  # The text tables: "stream:" / "pingpong:" sections, rows "<size> RsockRDMA <figure> ...".
-  awk '
-    /^stream:/ { w = "stream" } /^pingpong:/ { w = "pingpong" }
-    $2 == "RsockRDMA" && w == "stream" && $1 == "64KiB" { print "rsock stream_64KiB", $3 }
-    $2 == "RsockRDMA" && w == "stream" && $1 == "4KiB" { print "rsock stream_4KiB", $3 }
-    $2 == "RsockRDMA" && w == "pingpong" && $1 == "64B" {
+  # The text table: a "<workload>:" section, rows "<size> RsockRDMA <figure> ...".
+  v=$(awk -v w="$workload:" '
+    $1 == w { in_w = 1; next } /^[a-z]+:$/ { in_w = 0 }
+    in_w && $2 == "RsockRDMA" {
       v = $3; u = 1
-      if (v ~ /ns$/) { u = 0.001 } else if (v ~ /ms$/) { u = 1000 } else if (v ~ /[0-9]s$/) { u = 1000000 }
-      gsub(/[^0-9.]/, "", v); printf "rsock rtt_64B %.2f\n", v * u
-    }' /tmp/rp_c.log > /tmp/rp_fig.txt
-  sed "s/\$/ $PERF_ROUND/" /tmp/rp_fig.txt >> /tmp/perf.txt
-  sed 's/^/figure: /' /tmp/rp_fig.txt
-  [ "$(wc -l < /tmp/rp_fig.txt)" = 3 ] || { echo "missing rsockperf figures"; return 1; }
-}
-
-# rsockperf_spin_run: the 64 B pingpong in spinning mode (see above), as rtt_64B_spin.
-rsockperf_spin_run() {
-  local spid crc src v port=$((7160 + PERF_ROUND))
-  timeout -k 5 300 /t/bin/rsockperf -mode server -spin 100000 -addr $B:$port -transports RsockRDMA > /tmp/rp_s.log 2>&1 &
-  spid=$!
-  wait_listen $port $spid || { kill $spid 2>/dev/null; cat /tmp/rp_s.log; return 1; }
-  timeout -k 5 240 /t/bin/rsockperf -mode client -spin 100000 -q -addr $B:$port -transports RsockRDMA \
-    -workloads pingpong -sizes 64 -duration "${PERF_SECS}s" > /tmp/rp_c.log 2>&1
-  crc=$?
-  stop $spid rsockperf-server
-  src=$?
-  cat /tmp/rp_c.log
-  [ $crc = 0 ] && [ $src = 0 ] || { echo "--- server:"; cat /tmp/rp_s.log; echo "client $crc, server $src"; return 1; }
-  v=$(awk '
-    /^pingpong:/ { w = 1 }
-    w && $2 == "RsockRDMA" && $1 == "64B" {
-      v = $3; u = 1
-      if (v ~ /ns$/) { u = 0.001 } else if (v ~ /ms$/) { u = 1000 } else if (v ~ /[0-9]s$/) { u = 1000000 }
-      gsub(/[^0-9.]/, "", v); printf "%.2f", v * u
+      if (v ~ /ns$/) { u = 0.001 } else if (v ~ /ms$/) { u = 1000 } else if (v ~ /µs$/ || v ~ /us$/) { u = 1 } else if (v ~ /[0-9]s$/) { u = 1000000 }
+      gsub(/[^0-9.]/, "", v); printf "%.2f", v * u; exit
     }' /tmp/rp_c.log)
   [ -n "$v" ] || { echo "missing rsockperf figure"; return 1; }
-  record rsock rtt_64B_spin "$v"
+  record rsock "$measure" "$v"
+}
+
+# perf_round <r>: one round. Each measure's tools run back to back, rsock between its
+# references, so that a round's ratio compares runs seconds apart rather than a minute
+# (the host's speed drifts over minutes: see the header); the references' order
+# alternates from round to round, so that a drift within the group favours neither.
+perf_round() {
+  local r=_r$1 first=perftest
+  [ $(($1 % 2)) = 0 ] && first=rstream
+  perf_group "$r" "$first" 64KiB \
+    "perftest ib_write_bw stream_64KiB -s 65536 -D $PERF_SECS" \
+    "rstream_run stream_64KiB -S 65536 -C 1000 -I 1" \
+    "rsockperf_run stream_64KiB stream 64KiB"
+  perf_group "$r" "$first" 4KiB \
+    "perftest ib_write_bw stream_4KiB -s 4096 -D $PERF_SECS" \
+    "rstream_run stream_4KiB -S 4096 -C 10000 -I 1" \
+    "rsockperf_run stream_4KiB stream 4KiB"
+  perf_group "$r" "$first" 64B \
+    "perftest ib_write_lat rtt_64B -s 64 -n 5000" \
+    "rstream_run rtt_64B -S 64 -C 1 -I 5000" \
+    "rsockperf_run rtt_64B_spin pingpong 64 -spin 100000"
+  # rsock's default mode next to the C pair that also sleeps on its completion channel.
+  if [ "$first" = perftest ]; then
+    cmd_step perf_rc_pingpong_64B_event$r rcpingpong_run rtt_64B_event -s 64 -n 2000
+    cmd_step perf_rsockperf_rtt_64B$r rsockperf_run rtt_64B pingpong 64
+  else
+    cmd_step perf_rsockperf_rtt_64B$r rsockperf_run rtt_64B pingpong 64
+    cmd_step perf_rc_pingpong_64B_event$r rcpingpong_run rtt_64B_event -s 64 -n 2000
+  fi
+}
+
+# perf_group <round suffix> <first reference> <size> <perftest cmd> <rstream cmd>
+# <rsockperf_run cmd>: the three as steps (named by tool and size, rsock's by its
+# measure), the first reference, rsock, then the other.
+perf_group() {
+  local r=$1 first=$2 size=$3 pt=$4 rs=$5 rp=$6 ptname rpname
+  ptname=perf_${pt#perftest }; ptname=${ptname%% *}_$size$r
+  rpname=perf_rsockperf_${rp#rsockperf_run }; rpname=${rpname%% *}$r
+  if [ "$first" = perftest ]; then
+    cmd_step "$ptname" $pt
+    cmd_step "$rpname" $rp
+    cmd_step "perf_rstream_$size$r" $rs
+  else
+    cmd_step "perf_rstream_$size$r" $rs
+    cmd_step "$rpname" $rp
+    cmd_step "$ptname" $pt
+  fi
 }
 
 # perf_ratios: rsock's figures over perftest's and rstream's, the median over the rounds
