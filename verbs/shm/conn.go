@@ -424,13 +424,17 @@ func (q *QP) acceptLoop() {
 			c.Close()
 			continue
 		}
-		p.mu.Lock()
-		if p.closed {
-			p.mu.Unlock()
+		if !q.ln.adopt(c) { // the QP closed
 			c.Close()
 			return
 		}
-		p.closers[c] = struct{}{}
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			q.ln.release(c)
+			c.Close()
+			return
+		}
 		p.wg.Add(1)
 		p.mu.Unlock()
 		go q.serve(c)
@@ -448,7 +452,7 @@ func (q *QP) serve(c *net.UnixConn) {
 	defer p.wg.Done()
 	defer func() {
 		c.Close()
-		p.untrack(c)
+		q.ln.release(c)
 	}()
 	r, err := newMsgReader(c, helloLen+1, unix.CmsgSpace(4*8))
 	if err != nil {

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/rsockio/rsock/verbs"
 )
 
 // TestCheckPeer: a peer is accepted only if its user is allowed.
@@ -53,4 +55,21 @@ func TestProviderClose(t *testing.T) {
 	require.Error(t, err, "a connection to a closed provider's QP")
 	_, err = net.DialUnix("unixpacket", nil, name)
 	require.Error(t, err, "dial a closed provider's QP")
+}
+
+// TestQPCloseEndsAcceptedConnections: destroying a QP closes the connections its socket
+// accepted, so a peer still sending to it sees a dead link at once. With an ACK timeout
+// of 0 (wait forever) the peer's write ends only that way: answered with drops by a
+// connection left open, it would wait for as long as the peer's process lived.
+func TestQPCloseEndsAcceptedConnections(t *testing.T) {
+	p := newProvider(t, 2)
+	x, y := connectedPair(t, p) // y serves x's connection
+	require.NoError(t, y.qp.Close())
+	y.qp = nil // closed: the cleanup skips it
+
+	require.NoError(t, x.qp.PostSend([]verbs.SendWR{writeImm(2, x.mr, y.mr, 0, 8)}))
+	wc := pollWait(t, x.cq, 1)[0]
+	require.Equal(t, verbs.WCRetryExcErr, wc.Status, "a write to a destroyed QP")
+	require.Equal(t, uint64(2), wc.WRID)
+	require.Equal(t, verbs.QPStateError, x.qp.State())
 }

@@ -65,7 +65,7 @@ type Provider struct {
 	allocFail [len(allocKinds)]atomic.Int64 // pending injected allocation failures (faults.go)
 
 	mu      sync.Mutex
-	closers map[io.Closer]struct{} // QP listeners and accepted connections
+	closers map[io.Closer]struct{} // QP listeners, each closing the connections it accepted
 	closed  bool
 	wg      sync.WaitGroup // accept loops and the connections they serve
 }

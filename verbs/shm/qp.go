@@ -227,12 +227,49 @@ type qpListener struct {
 	*net.UnixListener
 	done chan struct{} // closed by Close
 	once sync.Once
+
+	mu     sync.Mutex
+	conns  map[*net.UnixConn]struct{} // accepted and being served
+	closed bool
 }
 
-// Close closes the socket and ends acceptLoop's pause.
+// Close closes the socket, ends acceptLoop's pause and closes the connections the
+// socket accepted: their serve goroutines end, unmapping the channels, and the peers
+// see a dead link at once rather than requests dropped until they give up.
 func (l *qpListener) Close() error {
 	l.once.Do(func() { close(l.done) })
-	return l.UnixListener.Close()
+	err := l.UnixListener.Close()
+	l.mu.Lock()
+	l.closed = true
+	conns := l.conns
+	l.conns = nil
+	l.mu.Unlock()
+	for c := range conns {
+		c.Close()
+	}
+	return err
+}
+
+// adopt records c, a connection the socket accepted, for Close to close; it reports
+// false, leaving c to the caller, if Close came first.
+func (l *qpListener) adopt(c *net.UnixConn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
+	if l.conns == nil {
+		l.conns = map[*net.UnixConn]struct{}{}
+	}
+	l.conns[c] = struct{}{}
+	return true
+}
+
+// release forgets c, which its serve goroutine closed.
+func (l *qpListener) release(c *net.UnixConn) {
+	l.mu.Lock()
+	delete(l.conns, c)
+	l.mu.Unlock()
 }
 
 // QPN returns the QP number.
