@@ -228,9 +228,8 @@ type qpListener struct {
 	done chan struct{} // closed by Close
 	once sync.Once
 
-	mu     sync.Mutex
-	conns  map[*net.UnixConn]struct{} // accepted and being served
-	closed bool
+	mu    sync.Mutex
+	conns map[*net.UnixConn]struct{} // accepted and being served
 }
 
 // Close closes the socket, ends acceptLoop's pause and closes the connections the
@@ -240,7 +239,6 @@ func (l *qpListener) Close() error {
 	l.once.Do(func() { close(l.done) })
 	err := l.UnixListener.Close()
 	l.mu.Lock()
-	l.closed = true
 	conns := l.conns
 	l.conns = nil
 	l.mu.Unlock()
@@ -255,8 +253,10 @@ func (l *qpListener) Close() error {
 func (l *qpListener) adopt(c *net.UnixConn) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.closed {
+	select {
+	case <-l.done: // Close takes the connections after done, under mu
 		return false
+	default:
 	}
 	if l.conns == nil {
 		l.conns = map[*net.UnixConn]struct{}{}
