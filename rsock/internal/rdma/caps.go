@@ -27,7 +27,9 @@ var ErrDeviceLimit = errors.New("rdma: beyond the device's limits")
 //   - SendWQEs+RecvWQEs above MaxCQE: refused (one CQ must hold a connection's
 //     completions). CQSize above MaxCQE is fitted: the shared CQ is created with
 //     MaxCQE entries (device.pollerFor).
-//   - RingSize or SendBufferSize above MaxMRSize: refused.
+//   - RingSize or the first staging buffer above MaxMRSize: refused. Rings and staging
+//     that grow (GrowRingTo) stop growing where the device refuses a registration,
+//     as under a memory budget, so SendBufferSize bounds them only.
 //   - Inline data: fitted, at min(MaxInline, 256) bytes (PrepareContext); larger
 //     writes are posted from the registered staging buffer.
 //   - Scatter/gather entries: every work request uses one SGE, which every device has.
@@ -49,8 +51,8 @@ func checkCaps(d verbs.DeviceAttr, opts Options) error {
 		if uint64(opts.RingSize) > d.MaxMRSize {
 			add("receive ring of %d bytes > max_mr_size %d", opts.RingSize, d.MaxMRSize)
 		}
-		if uint64(opts.SendBufferSize) > d.MaxMRSize {
-			add("send buffer of %d bytes > max_mr_size %d", opts.SendBufferSize, d.MaxMRSize)
+		if first := opts.firstSendBuffer(); uint64(first) > d.MaxMRSize {
+			add("send buffer of %d bytes > max_mr_size %d", first, d.MaxMRSize)
 		}
 	}
 	if len(over) > 0 {

@@ -10,7 +10,7 @@ import (
 )
 
 func TestCheckCaps(t *testing.T) {
-	def := Options{}.withDefaults() // 64 send and 64 receive WQEs, 8 KiB ring (growing), 256 KiB send buffer
+	def := Options{}.withDefaults() // 64 send and 64 receive WQEs, 8 KiB ring and 4 KiB staging (growing to 4 MiB and 1 MiB)
 	dev := func(qpwr, cqe int, mr uint64) verbs.DeviceAttr {
 		return verbs.DeviceAttr{Name: "mlx5_0", MaxQPWR: qpwr, MaxCQE: cqe, MaxMRSize: mr}
 	}
@@ -22,7 +22,7 @@ func TestCheckCaps(t *testing.T) {
 	}{
 		{"within limits", dev(16384, 1<<22, 1<<34), def, ""},
 		{"limits not reported", dev(0, 0, 0), def, ""},
-		{"exactly at the limits (the proof WQE included)", dev(65, 129, 256<<10), def, ""},
+		{"exactly at the limits (the proof WQE included)", dev(65, 129, 8<<10), def, ""},
 		{"queue depths", dev(32, 0, 0), def,
 			"rdma: beyond the device's limits of mlx5_0: send queue depth 64 > max_qp_wr 32, receive queue depth 65 > max_qp_wr 32"},
 		{"receive depth only", dev(100, 0, 0), Options{RecvWQEs: 128}.withDefaults(),
@@ -31,7 +31,7 @@ func TestCheckCaps(t *testing.T) {
 			"rdma: beyond the device's limits of mlx5_0: 129 completions per connection > max_cqe 100"},
 		{"registration size", dev(0, 0, 64<<10), Options{RingSize: 128 << 10}.withDefaults(),
 			"rdma: beyond the device's limits of mlx5_0: receive ring of 131072 bytes > max_mr_size 65536"},
-		{"send buffer", dev(0, 0, 64<<10), Options{RingSize: 64 << 10, SendBufferSize: 128 << 10}.withDefaults(),
+		{"send buffer", dev(0, 0, 64<<10), Options{RingSize: 64 << 10, GrowRingTo: -1, SendBufferSize: 128 << 10}.withDefaults(),
 			"rdma: beyond the device's limits of mlx5_0: send buffer of 131072 bytes > max_mr_size 65536"},
 	}
 	for _, tt := range tests {

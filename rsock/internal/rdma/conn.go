@@ -83,6 +83,7 @@ type Conn struct {
 	ringSwitches   uint64 // our ring was replaced this many times
 	stageMax       int    // largest staging buffer to grow to
 	oldStageUntil  uint64 // sends below this WR id use ep.oldSend
+	stagedAtTick   uint64 // stageTail at the last keepalive tick (idleShrinkStageLocked)
 	turnover       uint64 // bytes that arrived since the ring became current
 	dataArrivals   uint64 // data messages that arrived
 	arrivalsAtTick uint64 // dataArrivals at the last keepalive tick
@@ -215,7 +216,7 @@ func (ep *Endpoint) Connect(peer Offer, ctrl net.Conn, keepalive time.Duration) 
 		stageAddr:    ep.sendBuf.Addr(),
 		inline:       ep.inline, // the sender's QP decides what goes inline
 		maxChunk:     max(ep.opts.firstSendBuffer()/4, 1),
-		stageMax:     ep.opts.SendBufferSize,
+		stageMax:     ep.stageMax(),
 		ring:         ep.ring.Bytes()[:ep.opts.RingSize],
 		spillMax:     ep.opts.ReadBufferSize,
 		linger:       ep.opts.Linger,

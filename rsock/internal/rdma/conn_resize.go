@@ -231,6 +231,43 @@ func (c *Conn) growStageLocked() {
 	c.freeOldStageLocked()
 }
 
+// stageMax is the largest staging buffer the endpoint's Conn grows to: SendBufferSize,
+// or, where withDefaults chose it and the provider pins memory, pinnedSendBuffer.
+func (ep *Endpoint) stageMax() int {
+	if ep.opts.pinnedSendBuffer > ep.opts.SendBufferSize && ep.dev != nil && ep.pinsMemory() {
+		return ep.opts.pinnedSendBuffer
+	}
+	return ep.opts.SendBufferSize
+}
+
+// idleShrinkStageLocked replaces a grown staging buffer with one of its first size
+// when nothing was staged since the last keepalive tick and nothing staged is in
+// flight: staging is registered (pinned, on a device) and grows to SendBufferSize for
+// a busy stream, and an idle connection need not keep it. A Write after that grows it
+// again as it needs. A buffer that cannot be registered leaves the larger one in place
+// until a later tick. Called with mu held, from each keepalive period's sendKeepalive.
+func (c *Conn) idleShrinkStageLocked() {
+	staged := c.stageTail
+	idle := staged == c.stagedAtTick
+	c.stagedAtTick = staged
+	first := c.ep.opts.firstSendBuffer()
+	if !idle || len(c.stage) <= first || c.stageHead != c.stageTail || c.stageLent ||
+		c.ep.oldSend != nil || c.closing || c.err != nil {
+		return
+	}
+	mr, err := c.ep.registerMR(first, verbs.AccessLocalWrite, "send buffer")
+	if err != nil {
+		return
+	}
+	old := c.ep.sendBuf
+	c.ep.sendBuf = mr
+	c.stage, c.stageKey, c.stageAddr = mr.Bytes(), mr.LKey(), mr.Addr()
+	c.maxChunk = max(first/4, 1)
+	if err := old.Close(); err != nil {
+		c.failLocked(fmt.Errorf("%w: free the grown send buffer: %w", ErrQPFailed, err))
+	}
+}
+
 // freeOldStageLocked frees the replaced staging buffer once no send from it is in
 // flight.
 func (c *Conn) freeOldStageLocked() {

@@ -169,6 +169,49 @@ func TestRingShrinksWhenIdle(t *testing.T) {
 	requireReleased(t, f)
 }
 
+// TestStagingShrinksWhenIdle: a staging buffer a stream grew goes back to its first
+// size at the second keepalive tick with nothing staged, once its sends completed, and
+// grows again for the next stream; every byte arrives, and nothing registered is left.
+func TestStagingShrinksWhenIdle(t *testing.T) {
+	f := soft.New(soft.Options{})
+	a, b := connPair(t, f, Options{RingSize: 4 << 10, GrowRingTo: 64 << 10, SendBufferSize: 32 << 10})
+	stage := func() int {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return len(a.stage)
+	}
+	// tick is sendKeepalive's part that matters here: a signaled probe, whose
+	// completion retires every staged send before it, then the idle check.
+	tick := func() {
+		a.mu.Lock()
+		a.fillProbeWR(0)
+		a.wrEnd[0] = a.stageTail
+		require.NoError(t, a.postLocked(1))
+		posted := a.sqPosted
+		a.mu.Unlock()
+		require.Eventually(t, func() bool {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			return a.sqDone >= posted
+		}, 10*time.Second, time.Millisecond, "the probe completes")
+		a.mu.Lock()
+		a.idleShrinkStageLocked()
+		a.mu.Unlock()
+	}
+	sendAll(t, a, b, payload(1<<20, 6), 8<<10, 6)
+	require.Equal(t, 32<<10, stage(), "grown")
+	tick() // staged since the last tick: no shrink
+	require.Equal(t, 32<<10, stage())
+	tick() // idle now: shrink
+	require.Equal(t, 2<<10, stage(), "back to half the first ring")
+	sendAll(t, a, b, payload(512<<10, 7), 8<<10, 7)
+	require.Equal(t, 32<<10, stage(), "grown again")
+	pingPong(t, a, b)
+	require.NoError(t, a.Close())
+	require.NoError(t, b.Close())
+	requireReleased(t, f)
+}
+
 // TestRingGrowsWhileNotRead: the reader does not read while 1 MiB arrives; the ring
 // grows with its old bytes still unread, and the spill takes them out of the old ring
 // before the new: everything is read back in order.
@@ -357,16 +400,17 @@ func TestGrowthDefaults(t *testing.T) {
 		grows           bool
 		firstSendBuffer int
 		sendBuffer      int
+		pinnedSend      int // staging's growth on a provider that pins
 	}{
-		{"defaults", Options{}, 8 << 10, 4 << 20, true, 4 << 10, 256 << 10},
-		{"fixed by a negative GrowRingTo", Options{GrowRingTo: -5}, 8 << 10, -1, false, 64 << 10, 64 << 10},
-		{"fixed by GrowRingTo equal to RingSize", Options{RingSize: 16 << 10, GrowRingTo: 16 << 10}, 16 << 10, 16 << 10, false, 64 << 10, 64 << 10},
-		{"fixed by a large RingSize", Options{RingSize: 128 << 10}, 128 << 10, -1, false, 64 << 10, 64 << 10},
-		{"larger first ring grows to the default", Options{RingSize: 32 << 10}, 32 << 10, 4 << 20, true, 16 << 10, 256 << 10},
-		{"fixed ring below the default", Options{RingSize: 64 << 10, GrowRingTo: -1}, 64 << 10, -1, false, 64 << 10, 64 << 10},
-		{"smaller growth, staging follows", Options{GrowRingTo: 128 << 10}, 8 << 10, 128 << 10, true, 4 << 10, 64 << 10},
-		{"staging set", Options{SendBufferSize: 32 << 10}, 8 << 10, 4 << 20, true, 4 << 10, 32 << 10},
-		{"growth to 512 KiB, staging half of it", Options{GrowRingTo: 512 << 10}, 8 << 10, 512 << 10, true, 4 << 10, 256 << 10},
+		{"defaults", Options{}, 8 << 10, 4 << 20, true, 4 << 10, 256 << 10, 1 << 20},
+		{"fixed by a negative GrowRingTo", Options{GrowRingTo: -5}, 8 << 10, -1, false, 64 << 10, 64 << 10, 0},
+		{"fixed by GrowRingTo equal to RingSize", Options{RingSize: 16 << 10, GrowRingTo: 16 << 10}, 16 << 10, 16 << 10, false, 64 << 10, 64 << 10, 0},
+		{"fixed by a large RingSize", Options{RingSize: 128 << 10}, 128 << 10, -1, false, 64 << 10, 64 << 10, 0},
+		{"larger first ring grows to the default", Options{RingSize: 32 << 10}, 32 << 10, 4 << 20, true, 16 << 10, 256 << 10, 1 << 20},
+		{"fixed ring below the default", Options{RingSize: 64 << 10, GrowRingTo: -1}, 64 << 10, -1, false, 64 << 10, 64 << 10, 0},
+		{"smaller growth, staging follows", Options{GrowRingTo: 128 << 10}, 8 << 10, 128 << 10, true, 4 << 10, 64 << 10, 64 << 10},
+		{"staging set", Options{SendBufferSize: 32 << 10}, 8 << 10, 4 << 20, true, 4 << 10, 32 << 10, 0},
+		{"growth to 512 KiB, staging half of it", Options{GrowRingTo: 512 << 10}, 8 << 10, 512 << 10, true, 4 << 10, 256 << 10, 256 << 10},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -377,9 +421,39 @@ func TestGrowthDefaults(t *testing.T) {
 			require.Equal(t, tt.grows, o.grows(), "grows")
 			require.Equal(t, tt.firstSendBuffer, o.firstSendBuffer(), "first send buffer")
 			require.Equal(t, tt.sendBuffer, o.SendBufferSize, "SendBufferSize")
+			require.Equal(t, tt.pinnedSend, o.pinnedSendBuffer, "pinnedSendBuffer")
 			require.Equal(t, o, o.withDefaults(), "defaults applied twice")
 		})
 	}
+}
+
+// TestStageMaxPins: by default, staging grows to 1 MiB on a provider that pins memory
+// (every Write under 1 MiB is staged there) and to 256 KiB on one that does not; a
+// SendBufferSize the user set holds on both.
+func TestStageMaxPins(t *testing.T) {
+	f := soft.New(soft.Options{})
+	tests := []struct {
+		name string
+		p    verbs.Provider
+		opts Options
+		want int
+	}{
+		{"soft, defaults", f, Options{}, 256 << 10},
+		{"pinning, defaults", &pinningProvider{Fabric: f}, Options{}, 1 << 20},
+		{"pinning, growth to 512 KiB", &pinningProvider{Fabric: f}, Options{GrowRingTo: 512 << 10}, 256 << 10},
+		{"pinning, staging set", &pinningProvider{Fabric: f}, Options{SendBufferSize: 128 << 10}, 128 << 10},
+		{"soft, staging set", f, Options{SendBufferSize: 2 << 20}, 2 << 20},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ep, err := Prepare(tt.p, loopback, tt.opts)
+			require.NoError(t, err)
+			require.Equal(t, tt.want, ep.stageMax())
+			require.NoError(t, ep.Abort())
+		})
+	}
+	closeIdleAll(t)
+	requireReleased(t, f)
 }
 
 // TestFixedRingMeetsGrowingRing: an end with a fixed ring (GrowRingTo negative) and one

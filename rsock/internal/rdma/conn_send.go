@@ -484,6 +484,7 @@ func (c *Conn) sendKeepalive() {
 		c.postLocked(1)
 	}
 	c.idleShrinkLocked()
+	c.idleShrinkStageLocked()
 	c.idleDirectLocked() // zcopy.go
 	c.idlePlaceLocked()  // place.go
 	c.mu.Unlock()
