@@ -162,8 +162,9 @@ type Config struct {
 	// GrowRingTo lets each connection's ring start at RingSize and grow, by factors of
 	// four, up to GrowRingTo (a power of two of at most 1 GiB) while a stream keeps it
 	// busy, and shrink back when the connection idles; the send staging buffer
-	// likewise starts at half the first ring and grows up to SendBufferSize (by default
-	// half of GrowRingTo, at most 256 KiB). Default 4 MiB, about as far as Linux's TCP
+	// likewise starts at half the first ring, grows up to SendBufferSize (by default
+	// half of GrowRingTo, at most 256 KiB, or 1 MiB on rdma-core) and shrinks back
+	// when the connection idles. Default 4 MiB, about as far as Linux's TCP
 	// autotuning grows a receive buffer, so an idle connection holds little (about
 	// 58 KiB per end in all, 12 KiB of it registered) and a busy stream has the ring it
 	// needs. Toward a peer running an rsock from before rings grew past 512 KiB, they
@@ -173,7 +174,8 @@ type Config struct {
 	GrowRingTo int
 	// SendBufferSize is the size in bytes of each connection's registered send staging
 	// buffer, 1 KiB to 1 GiB: by default half of GrowRingTo, at most 256 KiB, for a
-	// ring that grows, else 64 KiB.
+	// ring that grows (at most 1 MiB on rdma-core, where every Write under 1 MiB is
+	// copied into it and its size is what a stream has in flight), else 64 KiB.
 	SendBufferSize int
 	// RecvWQEs is the number of receive work requests each connection keeps posted,
 	// 8 to 32768; it is the peer's initial work-request credit. Zero, the default,

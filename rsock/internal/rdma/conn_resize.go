@@ -218,6 +218,12 @@ func (c *Conn) readRingLocked() []byte {
 // held, by a writer (wmu held: nobody reads into staging outside mu meanwhile).
 func (c *Conn) growStageLocked() {
 	size := min(len(c.stage)*growFactor, c.stageMax)
+	if size > maxGrownSendBuffer && !c.ep.growthFits(size) {
+		// Past 256 KiB (a provider that pins: stageMax) staging grows, as rings past
+		// 512 KiB do, only while the process pins at most half of RLIMIT_MEMLOCK.
+		c.stageMax = len(c.stage)
+		return
+	}
 	mr, err := c.ep.registerMR(size, verbs.AccessLocalWrite, "send buffer")
 	if err != nil {
 		c.stageMax, c.growErr = len(c.stage), err
@@ -250,8 +256,11 @@ func (c *Conn) idleShrinkStageLocked() {
 	staged := c.stageTail
 	idle := staged == c.stagedAtTick
 	c.stagedAtTick = staged
+	if !idle || c.ep == nil { // nil: a test's fake Conn
+		return
+	}
 	first := c.ep.opts.firstSendBuffer()
-	if !idle || len(c.stage) <= first || c.stageHead != c.stageTail || c.stageLent ||
+	if len(c.stage) <= first || c.stageHead != c.stageTail || c.stageLent ||
 		c.ep.oldSend != nil || c.closing || c.err != nil {
 		return
 	}

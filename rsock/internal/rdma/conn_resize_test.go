@@ -456,6 +456,36 @@ func TestStageMaxPins(t *testing.T) {
 	requireReleased(t, f)
 }
 
+// TestStagingGrowthHeadroom: on a provider that pins, a stream's staging grows to
+// 1 MiB, but under a binding RLIMIT_MEMLOCK of 2 MiB it stops at 256 KiB, as rings
+// past 512 KiB do, rather than pin more than half the limit; the stream goes on.
+func TestStagingGrowthHeadroom(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		limit uint64
+		binds bool
+		want  int
+	}{
+		{"unbound", 0, false, 1 << 20},
+		{"2 MiB", 2 << 20, true, 256 << 10},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			closeIdleAll(t)
+			setMemlock(t, tt.limit, tt.binds)
+			p := &pinningProvider{Fabric: soft.New(soft.Options{})}
+			a, b := connPair(t, p, Options{})
+			sendAll(t, a, b, payload(16<<20, 8), 64<<10, 8)
+			a.mu.Lock()
+			got := len(a.stage)
+			a.mu.Unlock()
+			require.Equal(t, tt.want, got, "the writer's staging")
+			require.NoError(t, a.Close())
+			require.NoError(t, b.Close())
+			requireReleased(t, p.Fabric)
+		})
+	}
+}
+
 // TestFixedRingMeetsGrowingRing: an end with a fixed ring (GrowRingTo negative) and one
 // that grows (to 512 KiB) stream both ways at once: the growing end's ring grows,
 // announced through the fixed end's mailbox, which every ring has; the fixed one stays

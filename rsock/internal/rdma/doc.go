@@ -158,13 +158,17 @@
 //     deregistered. No byte moves, so none is lost or reordered; see flowctl's
 //     "Resizing the ring" for why the credit rules keep holding.
 //   - The staging buffer starts at half the first ring and grows four-fold, up to
-//     SendBufferSize, when it rather than credit limits a write; the old one stays
-//     until the sends from it complete. It does not shrink.
+//     SendBufferSize (by default 256 KiB, and 1 MiB on a provider that pins, where
+//     every Write under 1 MiB is staged: Endpoint.stageMax), when it rather than credit
+//     limits a write; the old one stays until the sends from it complete. It shrinks
+//     back to its first size at the second keepalive tick with nothing staged, once
+//     every send from it has completed (idleShrinkStageLocked).
 //
 // At the defaults (RingSize 8 KiB, GrowRingTo 4 MiB) an idle end holds about 58 KiB
 // in all (TestIdleFootprint: 5,000 connections, heap with soft's registered memory, its
 // share of the CQs, goroutine stacks), 12 KiB of it registered, and a stream whose
-// writer outruns its reader grows to a 4 MiB ring and 256 KiB of staging.
+// writer outruns its reader grows to a 4 MiB ring and 256 KiB of staging (1 MiB on
+// rdma-core).
 //
 // Rings above 512 KiB return credit in units of more than a byte, and flowctl resizes a
 // ring only within its unit. So every ring of a connection has the unit of the largest

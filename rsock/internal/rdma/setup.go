@@ -32,7 +32,9 @@ type Options struct {
 	// Rings grow past 512 KiB only toward a peer whose offer names its unit ring (see
 	// Offer.UnitRingSize), and to 512 KiB at most toward one that does not.
 	GrowRingTo int
-	// SendBufferSize is the registered staging buffer Write copies into. Default 64 KiB.
+	// SendBufferSize is the registered staging buffer Write copies into, the most it
+	// grows to when the ring grows. Default: half of GrowRingTo, at most 256 KiB (1 MiB
+	// on a provider that pins memory), for a ring that grows; 64 KiB for a fixed one.
 	SendBufferSize int
 	// RecvWQEs is how many receive WQEs are kept posted at first. Default 64.
 	RecvWQEs int
