@@ -213,7 +213,14 @@ func (q *QP) kickSomeLocked() {
 		}
 		e := &q.sq.ring[i]
 		if e.forever {
-			return
+			if c := q.sq.conn; !head || (c != nil && !c.dead.Load()) {
+				return
+			}
+			// Its connection ended (onConnDown, or a Poll took the drop after it):
+			// no answer will come.
+			e.forever = false
+			q.lostLocked(e, true)
+			continue
 		}
 		if d := time.Until(e.due); !e.due.IsZero() && d > 0 {
 			if head {
@@ -535,13 +542,20 @@ func (q *QP) succeedLocked(e *wqe) {
 	q.popSendLocked()
 }
 
-// onConnDown handles the loss of the connection to the destination QP.
+// onConnDown handles the loss of the connection to the destination QP: the requests in
+// flight are lost to a dead link, and so is a head request the responder dropped with
+// an ACK timeout of 0 (lostLocked's forever), which no answer can end any more. (A
+// destroyed QP answers with drops until its connections close: QP.Close.)
 func (q *QP) onConnDown(c *peerConn) {
 	q.sq.mu.Lock()
-	if q.sq.conn == c && q.sq.busy() && q.sq.n > 0 {
-		q.sq.inflight, q.sq.querying = 0, false
-		q.lostLocked(&q.sq.ring[q.sq.head], true)
-		q.kickLocked()
+	if q.sq.conn == c && q.sq.n > 0 {
+		head := &q.sq.ring[q.sq.head]
+		if q.sq.busy() || head.forever {
+			q.sq.inflight, q.sq.querying = 0, false
+			head.forever = false
+			q.lostLocked(head, true)
+			q.kickLocked()
+		}
 	}
 	q.sq.mu.Unlock()
 	if q.State() == verbs.QPStateError {
