@@ -149,8 +149,9 @@ const (
 	// maxGrownPinnedSendBuffer caps it instead on a provider that pins (rdma-core),
 	// where every Write under 1 MiB is staged (directPinMinWrite) and the staging
 	// buffer is what a stream has in flight: on Soft-RoCE in the CI's VM, 64 KiB
-	// Writes streamed 10-16% faster with 1 MiB than with 256 KiB in four boots
-	// (benchmarks/README.md, "Staging that grows to 1 MiB on rdma-core"). On soft,
+	// Writes streamed 7-16% faster with 1 MiB than with 256 KiB (medians of four
+	// boots, 16 of 22 rounds won; benchmarks/README.md, "Staging that grows to 1 MiB
+	// on rdma-core"). On soft,
 	// where such Writes skip staging, 1 MiB made eight net/http streams of 1 MiB
 	// bodies 3-5% slower, so it stays at maxGrownSendBuffer there. A grown staging
 	// buffer shrinks back when the connection idles (idleShrinkStageLocked).
