@@ -40,6 +40,7 @@ var fakeScenarios = map[string]func(t *testing.T){
 	"broken-lib": fakeBrokenLib,
 	"gid-table":  fakeGIDTable,
 	"no-files":   fakeNoFiles,
+	"real-files": realDevicesOutOfFiles, // open_rdma_test.go, with no double loaded
 }
 
 // buildLib compiles a C file into dir/libibverbs.so.1, with the C compiler that built
@@ -140,8 +141,10 @@ func fakeNoDevice(t *testing.T) {
 // error says so, is Temporary, and is not kept: once descriptors are free, Open loads
 // the library. Then it lists devices with every descriptor taken, which libibverbs
 // (and the double) fails with ENOSYS: the error names the process's want of files
-// and matches verbs.ErrNoResources, not verbs.ErrNoDevice; so does a descriptor that
-// cannot be duplicated for the netpoller (pollFile).
+// and matches verbs.ErrNoResources, not verbs.ErrNoDevice; so does a listing that
+// left the device out for want of a second descriptor (one free), whether Devices or
+// Open(name) made it, and a descriptor that cannot be duplicated for the netpoller
+// (pollFile).
 func fakeNoFiles(t *testing.T) {
 	testfiles.Limit(t, 256)
 	take := func() func() { return testfiles.Take(t, 0) }
@@ -169,6 +172,25 @@ func fakeNoFiles(t *testing.T) {
 	t.Log(err)
 	_, err = Open()
 	require.NoError(t, err, "with descriptors free again")
+
+	// One descriptor free: the double lists no device, and says nothing of why.
+	sysfsRoot = "testdata/sysfs-fake"
+	p, err = Open()
+	require.NoError(t, err)
+	release = testfiles.Take(t, 1)
+	_, devErr := p.Devices()
+	_, openErr := p.Open("fake0")
+	_, libErr := Open()
+	release()
+	for _, err := range []error{devErr, openErr, libErr} {
+		require.ErrorIs(t, err, syscall.EMFILE)
+		require.ErrorIs(t, err, verbs.ErrNoResources)
+		require.NotErrorIs(t, err, verbs.ErrNoDevice)
+		t.Log(err)
+	}
+	devs, err := p.Devices()
+	require.NoError(t, err, "with descriptors free again")
+	require.Len(t, devs, 1)
 
 	// A channel's or context's descriptor that cannot be duplicated for the netpoller.
 	var fds [2]int

@@ -243,7 +243,15 @@ func (p *provider) Open(device string) (verbs.Context, error) {
 		if c == nil {
 			return nil, errnoError("open device "+device, err, classCreate)
 		}
-		return newContext(p, c, device)
+		ctx, err := newContext(p, c, device)
+		if err != nil {
+			return nil, err // not a nil *devContext in a non-nil verbs.Context
+		}
+		return ctx, nil
+	}
+	if files := filesShort(); files != nil {
+		return nil, fmt.Errorf("ibv: %w: open device %q: not listed, with fewer than %d descriptors free: %w",
+			verbs.ErrNoResources, device, listingFiles, files)
 	}
 	return nil, fmt.Errorf("ibv: open device %q: %w", device, verbs.ErrNoDevice)
 }
@@ -256,7 +264,7 @@ func getDeviceList() (**C.struct_ibv_device, int, error) {
 		if err == nil {
 			err = syscall.ENODEV
 		}
-		if files := outOfFiles(); files != nil {
+		if files := filesShort(); files != nil {
 			return nil, 0, fmt.Errorf("ibv: %w: ibv_get_device_list: %w (libibverbs said %v)", verbs.ErrNoResources, files, err)
 		}
 		reason := ""
@@ -265,23 +273,50 @@ func getDeviceList() (**C.struct_ibv_device, int, error) {
 		}
 		return nil, 0, fmt.Errorf("ibv: %w: ibv_get_device_list: %w%s", verbs.ErrNoDevice, err, reason)
 	}
+	if n == 0 {
+		if files := filesShort(); files != nil {
+			C.rsock_free_device_list(list)
+			return nil, 0, fmt.Errorf("ibv: %w: ibv_get_device_list listed no device, with fewer than %d descriptors free: %w",
+				verbs.ErrNoResources, listingFiles, files)
+		}
+	}
 	return list, int(n), nil
 }
 
-// outOfFiles returns EMFILE or ENFILE when the process cannot open a file now, else
-// nil. libibverbs lists devices from sysfs, and a process out of descriptors gets
-// ENOSYS from ibv_get_device_list, as if the kernel had no RDMA support (Debian 12's
-// rdma-core, in the CI's VM): a failed listing asks, so that its error says what happened, and
-// matches verbs.ErrNoResources rather than verbs.ErrNoDevice.
-func outOfFiles() error {
-	fd, err := syscall.Open(os.DevNull, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
-	if err != nil {
-		if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
-			return err
+// listingFiles is how many descriptors a device listing may hold at once: libibverbs
+// keeps a netlink socket open while it opens a device's sysfs directory and a file in
+// it, and the process's other threads may hold one more at that moment.
+const listingFiles = 4
+
+// filesShort returns EMFILE or ENFILE when fewer than listingFiles descriptors can be
+// opened now, else nil. A process short of descriptors gets a misleading answer from
+// libibverbs: with none free, ibv_get_device_list fails with ENOSYS, as if the kernel
+// had no RDMA support (Debian 12's rdma-core, in the CI's VM); with too few for its
+// scan, it leaves out the devices whose files it could not read, and the list is
+// short or empty. A listing that failed, or found no device or not the one asked
+// for, asks, so that its error says what happened and matches verbs.ErrNoResources
+// rather than verbs.ErrNoDevice. The descriptors a short listing lacked may have been
+// freed by the time it asks: a listing short by a descriptor that another thread
+// held at that moment still reads as no device.
+func filesShort() error {
+	var fds [listingFiles]int
+	opened := 0
+	defer func() {
+		for _, fd := range fds[:opened] {
+			syscall.Close(fd)
 		}
-		return nil
+	}()
+	for range listingFiles {
+		fd, err := syscall.Open(os.DevNull, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+		if err != nil {
+			if isOutOfFiles(err) {
+				return err
+			}
+			return nil
+		}
+		fds[opened] = fd
+		opened++
 	}
-	syscall.Close(fd)
 	return nil
 }
 
@@ -328,7 +363,10 @@ func (p *provider) describe(c *C.struct_ibv_context, name string) (verbs.DeviceA
 		attr.Ports = append(attr.Ports, port)
 	}
 	attr.MaxInline = p.maxInline(c, name)
-	addSysfsAttrs(sysfsRoot, &attr) // transport, Soft-RoCE and netdevs, which the verbs API does not report
+	// Transport, Soft-RoCE and netdevs, which the verbs API does not report.
+	if err := addSysfsAttrs(sysfsRoot, &attr); err != nil {
+		return verbs.DeviceAttr{}, fmt.Errorf("ibv: %w: %w", verbs.ErrNoResources, err)
+	}
 	return attr, nil
 }
 
@@ -355,11 +393,16 @@ func queryPort(c *C.struct_ibv_context, device string, num uint8, nports int) (v
 	default:
 		port.LinkLayer = verbs.LinkLayerUnspecified
 	}
-	gids, ok := queryGIDTable(c, num, int(pa.gid_tbl_len)*max(nports, 1), port.LinkLayer)
+	gids, ok, err := queryGIDTable(c, num, int(pa.gid_tbl_len)*max(nports, 1), port.LinkLayer)
+	if err != nil {
+		return verbs.PortAttr{}, fmt.Errorf("ibv: %w: GID table of %s port %d: %w", verbs.ErrNoResources, device, num, err)
+	}
 	if !ok {
-		var err error
-		if gids, err = ReadGIDTable(sysfsRoot, device, num); err != nil {
-			return verbs.PortAttr{}, err
+		if gids, err = readPortGIDTable(sysfsRoot, device, num); err != nil {
+			if isOutOfFiles(err) {
+				return verbs.PortAttr{}, fmt.Errorf("ibv: %w: %w", verbs.ErrNoResources, err)
+			}
+			return verbs.PortAttr{}, fmt.Errorf("ibv: %w", err)
 		}
 	}
 	port.GIDs = gids
@@ -375,19 +418,21 @@ func haveQueryGIDTable() bool { return C.rsock_ibv.query_gid_table != nil }
 // rxe), populated or not, it costs one system call. room is how many entries of the
 // whole device to make room for. ok is false when the call is unavailable (an older
 // libibverbs or kernel) or fails (more entries than room): the caller reads sysfs.
-// Types and netdevs follow the rules of ReadGIDTable.
-func queryGIDTable(c *C.struct_ibv_context, num uint8, room int, link verbs.LinkLayer) (_ []verbs.GIDEntry, ok bool) {
+// Types and netdevs follow the rules of ReadGIDTable. err is set only when a netdev's
+// name cannot be looked up for want of descriptors: an entry without its netdev could
+// not be selected by an address with a zone.
+func queryGIDTable(c *C.struct_ibv_context, num uint8, room int, link verbs.LinkLayer) (_ []verbs.GIDEntry, ok bool, err error) {
 	if room <= 0 {
-		return nil, false
+		return nil, false, nil
 	}
 	ents := (*C.struct_ibv_gid_entry)(C.calloc(C.size_t(room), C.size_t(unsafe.Sizeof(C.struct_ibv_gid_entry{}))))
 	if ents == nil {
-		return nil, false
+		return nil, false, nil
 	}
 	defer C.free(unsafe.Pointer(ents))
 	n := int(C.rsock_query_gid_table(c, ents, C.size_t(room)))
 	if n < 0 || n > room {
-		return nil, false
+		return nil, false, nil
 	}
 	table := []verbs.GIDEntry{} // not nil: a port can have an empty table
 	names := map[uint32]string{}
@@ -415,7 +460,11 @@ func queryGIDTable(c *C.struct_ibv_context, num uint8, room int, link verbs.Link
 		if idx := uint32(e.ndev_ifindex); idx != 0 {
 			name, seen := names[idx]
 			if !seen {
-				if ifc, err := net.InterfaceByIndex(int(idx)); err == nil {
+				ifc, err := net.InterfaceByIndex(int(idx))
+				if isOutOfFiles(err) {
+					return nil, false, fmt.Errorf("netdev %d of GID[%d]: %w", idx, ent.Index, err)
+				}
+				if err == nil {
 					name = ifc.Name
 				}
 				names[idx] = name
@@ -425,7 +474,7 @@ func queryGIDTable(c *C.struct_ibv_context, num uint8, room int, link verbs.Link
 		table = append(table, ent)
 	}
 	slices.SortFunc(table, func(a, b verbs.GIDEntry) int { return cmp.Compare(a.Index, b.Index) })
-	return table, true
+	return table, true, nil
 }
 
 // inlineProbe are the max_inline_data values maxInline tries, largest first.

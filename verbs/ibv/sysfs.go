@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/rsockio/rsock/verbs"
 )
@@ -26,13 +27,21 @@ const DefaultSysfsRoot = "/sys"
 // type follows the link layer the same way, and entries of a type this package does
 // not know are left out. Netdev comes from gid_attrs/ndevs, or is "".
 func ReadGIDTable(sysfsRoot, device string, port uint8) ([]verbs.GIDEntry, error) {
-	root := sysfsRoot
+	gids, err := readPortGIDTable(sysfsRoot, device, port)
+	if err != nil {
+		return nil, fmt.Errorf("ibv: %w", err)
+	}
+	return gids, nil
+}
+
+// readPortGIDTable is ReadGIDTable without the package's prefix on its errors.
+func readPortGIDTable(root, device string, port uint8) ([]verbs.GIDEntry, error) {
 	if root == "" {
 		root = DefaultSysfsRoot
 	}
 	p, err := readPort(root, device, port)
 	if err != nil {
-		return nil, fmt.Errorf("ibv: %w", err)
+		return nil, err
 	}
 	return readGIDTable(root, p)
 }
@@ -52,7 +61,7 @@ func classDir(root string) string { return filepath.Join(root, "class", "infinib
 // listPorts returns every port of every device, devices in name order, ports in
 // number order.
 func listPorts(root string) ([]portInfo, error) {
-	devs, err := os.ReadDir(classDir(root))
+	devs, err := readDir(classDir(root))
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("no %s (no RDMA devices, or no kernel RDMA support)", classDir(root))
@@ -60,7 +69,7 @@ func listPorts(root string) ([]portInfo, error) {
 		return nil, fmt.Errorf("list RDMA devices: %w", err)
 	}
 	var ports []portInfo
-	for _, d := range devs { // os.ReadDir sorts by name
+	for _, d := range devs { // readDir sorts by name
 		if fi, err := os.Stat(filepath.Join(classDir(root), d.Name(), "ports")); err != nil || !fi.IsDir() {
 			continue // not a device directory
 		}
@@ -81,7 +90,7 @@ func listPorts(root string) ([]portInfo, error) {
 
 // portNumbers lists a device's port numbers in increasing order.
 func portNumbers(root, device string) ([]uint8, error) {
-	ents, err := os.ReadDir(filepath.Join(classDir(root), device, "ports"))
+	ents, err := readDir(filepath.Join(classDir(root), device, "ports"))
 	if err != nil {
 		return nil, fmt.Errorf("list ports of %s: %w", device, err)
 	}
@@ -99,23 +108,33 @@ func portNumbers(root, device string) ([]uint8, error) {
 
 // readPort reads a port's state and link layer. A port without a link_layer file
 // (kernels before RoCE) is InfiniBand; a port whose state cannot be read is
-// reported as not active.
+// reported as not active. A process out of descriptors gets an error (optionalLine).
 func readPort(root, device string, num uint8) (portInfo, error) {
 	dir := filepath.Join(classDir(root), device, "ports", strconv.Itoa(int(num)))
 	if _, err := os.Stat(dir); err != nil {
 		return portInfo{}, fmt.Errorf("port %d of %s: %w", num, device, err)
 	}
 	p := portInfo{device: device, num: num, dir: dir, state: verbs.PortNop}
-	if s, err := readLine(filepath.Join(dir, "state")); err == nil {
+	s, ok, err := optionalLine(filepath.Join(dir, "state"))
+	if err != nil {
+		return portInfo{}, fmt.Errorf("port %d of %s: %w", num, device, err)
+	}
+	if ok {
 		p.state, _ = parsePortState(s)
 	}
-	if s, err := readLine(filepath.Join(dir, "lid")); err == nil {
+	if s, ok, err = optionalLine(filepath.Join(dir, "lid")); err != nil {
+		return portInfo{}, fmt.Errorf("port %d of %s: %w", num, device, err)
+	}
+	if ok {
 		if n, err := strconv.ParseUint(strings.TrimPrefix(s, "0x"), 16, 16); err == nil {
 			p.lid = uint16(n)
 		}
 	}
 	p.linkLayer = verbs.LinkLayerInfiniBand
-	if s, err := readLine(filepath.Join(dir, "link_layer")); err == nil {
+	if s, ok, err = optionalLine(filepath.Join(dir, "link_layer")); err != nil {
+		return portInfo{}, fmt.Errorf("port %d of %s: %w", num, device, err)
+	}
+	if ok {
 		switch s {
 		case "Ethernet":
 			p.linkLayer = verbs.LinkLayerEthernet
@@ -147,12 +166,15 @@ func parsePortState(s string) (verbs.PortState, string) {
 // drivers/infiniband/core/sysfs.c creates one file per index up to the table's
 // length). So every gids/ entry is read, each with one open and one read into a
 // reused buffer, and the attribute files only for the populated ones. The index
-// kept is the file's name, the hardware index, never a position in the result.
+// kept is the file's name, the hardware index, never a position in the result. A file
+// that cannot be opened for want of descriptors fails the read (isOutOfFiles): taken
+// for an unpopulated entry, it would empty the table of a process short of files, and
+// its connections would fall back saying that no port serves their address.
 func readGIDTable(root string, p portInfo) ([]verbs.GIDEntry, error) {
 	gidsDir := filepath.Join(p.dir, "gids")
-	ents, err := os.ReadDir(gidsDir)
+	ents, err := readDir(gidsDir)
 	if err != nil {
-		return nil, fmt.Errorf("ibv: GID table of %s port %d: %w", p.device, p.num, err)
+		return nil, fmt.Errorf("GID table of %s port %d: %w", p.device, p.num, err)
 	}
 	var (
 		table []verbs.GIDEntry
@@ -164,14 +186,17 @@ func readGIDTable(root string, p portInfo) ([]verbs.GIDEntry, error) {
 		if err != nil || idx < 0 {
 			continue
 		}
-		b, ok := readAttrInto(filepath.Join(gidsDir, e.Name()), buf[:])
-		if !ok || bytes.Equal(b, zero) {
+		b, err := readAttrInto(filepath.Join(gidsDir, e.Name()), buf[:])
+		if isOutOfFiles(err) {
+			return nil, fmt.Errorf("GID table of %s port %d: %w", p.device, p.num, err)
+		}
+		if err != nil || bytes.Equal(b, zero) {
 			continue // unpopulated: zero, or (some kernels) a failed read
 		}
 		s := string(b)
 		a, err := netip.ParseAddr(s)
 		if err != nil || !a.Is6() {
-			return nil, fmt.Errorf("ibv: %s port %d GID[%d]: malformed GID %q", p.device, p.num, idx, s)
+			return nil, fmt.Errorf("%s port %d GID[%d]: malformed GID %q", p.device, p.num, idx, s)
 		}
 		gid := verbs.GID(a.As16())
 		if gid.IsZero() {
@@ -181,7 +206,11 @@ func readGIDTable(root string, p portInfo) ([]verbs.GIDEntry, error) {
 		if p.linkLayer == verbs.LinkLayerEthernet {
 			ent.Type = verbs.GIDTypeRoCEv1
 		}
-		if t, ok := readAttrInto(filepath.Join(p.dir, "gid_attrs", "types", e.Name()), buf[:]); ok {
+		t, err := readAttrInto(filepath.Join(p.dir, "gid_attrs", "types", e.Name()), buf[:])
+		if isOutOfFiles(err) {
+			return nil, fmt.Errorf("GID table of %s port %d: %w", p.device, p.num, err)
+		}
+		if err == nil {
 			switch {
 			case bytes.EqualFold(t, []byte("RoCE v2")):
 				ent.Type = verbs.GIDTypeRoCEv2
@@ -191,7 +220,11 @@ func readGIDTable(root string, p portInfo) ([]verbs.GIDEntry, error) {
 				continue // a type this package does not know cannot be selected
 			}
 		}
-		if nd, ok := readAttrInto(filepath.Join(p.dir, "gid_attrs", "ndevs", e.Name()), buf[:]); ok {
+		nd, err := readAttrInto(filepath.Join(p.dir, "gid_attrs", "ndevs", e.Name()), buf[:])
+		if isOutOfFiles(err) {
+			return nil, fmt.Errorf("GID table of %s port %d: %w", p.device, p.num, err)
+		}
+		if err == nil {
 			ent.Netdev = string(nd)
 		}
 		table = append(table, ent)
@@ -223,38 +256,46 @@ func sysfsDevices(root string) ([]verbs.DeviceAttr, error) {
 		d.Ports = append(d.Ports, verbs.PortAttr{Num: p.num, State: p.state, LinkLayer: p.linkLayer, LID: p.lid, GIDs: gids})
 	}
 	for i := range devs {
-		addSysfsAttrs(root, &devs[i])
+		if err := addSysfsAttrs(root, &devs[i]); err != nil {
+			return nil, err
+		}
 	}
 	return devs, nil
 }
 
 // addSysfsAttrs fills the fields of attr that only sysfs knows: the device's transport
 // (node_type), whether it is Soft-RoCE (readSoftRoCE) and each port's netdevs
-// (portNetdevs). The GID tables must be filled.
-func addSysfsAttrs(root string, attr *verbs.DeviceAttr) {
-	attr.Transport = readTransport(root, attr.Name)
+// (portNetdevs). The GID tables must be filled. It fails only for want of descriptors.
+func addSysfsAttrs(root string, attr *verbs.DeviceAttr) error {
+	var err error
+	if attr.Transport, err = readTransport(root, attr.Name); err != nil {
+		return fmt.Errorf("transport of %s: %w", attr.Name, err)
+	}
 	attr.SoftRoCE = readSoftRoCE(root, attr.Name)
 	for i := range attr.Ports {
 		p := &attr.Ports[i]
-		p.Netdevs = portNetdevs(root, attr.Name, p.Num, len(attr.Ports), p.GIDs)
+		if p.Netdevs, err = portNetdevs(root, attr.Name, p.Num, len(attr.Ports), p.GIDs); err != nil {
+			return fmt.Errorf("netdevs of %s port %d: %w", attr.Name, p.Num, err)
+		}
 	}
+	return nil
 }
 
 // readTransport reads a device's node_type ("1: CA", "4: RNIC"; the kernel's enum
 // rdma_node_type). A device without the file is TransportUnspecified.
-func readTransport(root, device string) verbs.Transport {
-	s, err := readLine(filepath.Join(classDir(root), device, "node_type"))
-	if err != nil {
-		return verbs.TransportUnspecified
+func readTransport(root, device string) (verbs.Transport, error) {
+	s, ok, err := optionalLine(filepath.Join(classDir(root), device, "node_type"))
+	if !ok {
+		return verbs.TransportUnspecified, err
 	}
 	num, _, _ := strings.Cut(s, ":")
 	switch strings.TrimSpace(num) {
 	case "1": // RDMA_NODE_IB_CA: InfiniBand and RoCE
-		return verbs.TransportIB
+		return verbs.TransportIB, nil
 	case "4": // RDMA_NODE_RNIC: iWARP
-		return verbs.TransportIWARP
+		return verbs.TransportIWARP, nil
 	}
-	return verbs.TransportOther
+	return verbs.TransportOther, nil
 }
 
 // readSoftRoCE reports whether a device is the kernel's Soft-RoCE (rdma_rxe): rxe names
@@ -272,8 +313,9 @@ func readSoftRoCE(root, device string) bool {
 // interfaces of the device's PCI function (device/net/<ifname>) whose dev_port file
 // (0-based) is num-1; an interface without dev_port belongs to a single-port device's
 // only port. The second source is how an IPoIB interface is found on InfiniBand ports,
-// whose GID entries name no netdev on most kernels.
-func portNetdevs(root, device string, num uint8, nports int, gids []verbs.GIDEntry) []string {
+// whose GID entries name no netdev on most kernels. It fails only for want of
+// descriptors: a missing directory or file is a device without them.
+func portNetdevs(root, device string, num uint8, nports int, gids []verbs.GIDEntry) ([]string, error) {
 	var names []string
 	for _, g := range gids {
 		if g.Netdev != "" {
@@ -281,13 +323,19 @@ func portNetdevs(root, device string, num uint8, nports int, gids []verbs.GIDEnt
 		}
 	}
 	netDir := filepath.Join(classDir(root), device, "device", "net")
-	ents, err := os.ReadDir(netDir)
+	ents, err := readDir(netDir)
 	if err != nil {
-		return names
+		if isOutOfFiles(err) {
+			return nil, err
+		}
+		return names, nil
 	}
 	for _, e := range ents {
-		s, err := readLine(filepath.Join(netDir, e.Name(), "dev_port"))
+		s, ok, err := optionalLine(filepath.Join(netDir, e.Name(), "dev_port"))
 		if err != nil {
+			return nil, err
+		}
+		if !ok {
 			if nports == 1 {
 				names = appendOnce(names, e.Name())
 			}
@@ -297,16 +345,55 @@ func portNetdevs(root, device string, num uint8, nports int, gids []verbs.GIDEnt
 			names = appendOnce(names, e.Name())
 		}
 	}
-	return names
+	return names, nil
 }
 
-// readLine reads a one-line sysfs attribute without its trailing newline.
-func readLine(path string) (string, error) {
-	b, err := os.ReadFile(path)
+// optionalLine reads a one-line sysfs attribute without its trailing newline. ok is
+// false when the attribute cannot be read: not there, or (for some attributes) not
+// readable on this kernel, which callers take as its absence. err is set only when
+// the process or the system is out of descriptors (isOutOfFiles): that says nothing
+// about the attribute, and callers report it instead.
+func optionalLine(path string) (s string, ok bool, err error) {
+	b, err := readFile(path)
 	if err != nil {
-		return "", err
+		if isOutOfFiles(err) {
+			return "", false, err
+		}
+		return "", false, nil
 	}
-	return strings.TrimSpace(string(b)), nil
+	return strings.TrimSpace(string(b)), true, nil
+}
+
+// openFault, when not nil, is called before each sysfs file or directory is opened,
+// and an error it returns stands for the open's. Tests set it to fail one open with
+// EMFILE: the reader holds one descriptor at a time, so a process short of them gets
+// EMFILE only when its other threads hold the rest at that moment.
+var openFault func(path string) error
+
+// readDir is os.ReadDir, through openFault.
+func readDir(dir string) ([]os.DirEntry, error) {
+	if openFault != nil {
+		if err := openFault(dir); err != nil {
+			return nil, err
+		}
+	}
+	return os.ReadDir(dir)
+}
+
+// readFile is os.ReadFile, through openFault.
+func readFile(path string) ([]byte, error) {
+	if openFault != nil {
+		if err := openFault(path); err != nil {
+			return nil, err
+		}
+	}
+	return os.ReadFile(path)
+}
+
+// isOutOfFiles reports whether err is the process's (EMFILE) or the system's (ENFILE)
+// want of file descriptors.
+func isOutOfFiles(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)
 }
 
 func appendOnce(list []string, s string) []string {

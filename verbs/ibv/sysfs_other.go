@@ -4,18 +4,17 @@ package ibv
 
 import (
 	"bytes"
-	"os"
 )
 
 // readAttrInto reads the file at path and returns its content without the trailing
-// newline, or ok false if it cannot be read. Only Linux has sysfs; elsewhere this
+// newline, or the error that kept it from being read. Only Linux has sysfs; elsewhere this
 // serves the tests' fake trees. buf is used as in the Linux version: content beyond
 // its length is cut.
-func readAttrInto(path string, buf []byte) (_ []byte, ok bool) {
-	b, err := os.ReadFile(path)
+func readAttrInto(path string, buf []byte) ([]byte, error) {
+	b, err := readFile(path)
 	if err != nil {
-		return nil, false
+		return nil, err
 	}
 	n := copy(buf, b)
-	return bytes.TrimSpace(buf[:n]), true
+	return bytes.TrimSpace(buf[:n]), nil
 }

@@ -2,10 +2,12 @@ package ibv
 
 import (
 	"errors"
+	"io/fs"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -198,7 +200,9 @@ func TestReadTransport(t *testing.T) {
 		if tt.nodeType != "" {
 			require.NoError(t, os.WriteFile(filepath.Join(dev, "node_type"), []byte(tt.nodeType+"\n"), 0o644))
 		}
-		if got := readTransport(dir, "d"); got != tt.want {
+		got, err := readTransport(dir, "d")
+		require.NoError(t, err)
+		if got != tt.want {
 			t.Errorf("readTransport(node_type %q) = %v, want %v", tt.nodeType, got, tt.want)
 		}
 	}
@@ -266,6 +270,36 @@ func TestParsePortState(t *testing.T) {
 		got, text := parsePortState(tt.in)
 		if got != tt.want || text != tt.wantText {
 			t.Errorf("parsePortState(%q) = %v, %q, want %v, %q", tt.in, got, text, tt.want, tt.wantText)
+		}
+	}
+}
+
+// TestSysfsOutOfFiles fails each open of a fake tree's read in turn with EMFILE, as a
+// process short of descriptors sees it when its other threads hold the rest: every
+// such read fails with EMFILE. A file that could not be opened is never taken for an
+// attribute the device lacks (an unpopulated GID entry, a port without netdevs, a
+// device of unknown transport), which would turn a want of files into a listing that
+// says no port serves the address.
+func TestSysfsOutOfFiles(t *testing.T) {
+	defer func() { openFault = nil }()
+	for _, tree := range []string{"sysfs-multi", "sysfs-holes", "sysfs-ib", "sysfs-iwarp", "sysfs-fake"} {
+		root := filepath.Join("testdata", tree)
+		opens := 0
+		openFault = func(string) error { opens++; return nil }
+		_, err := sysfsDevices(root)
+		require.NoError(t, err, tree)
+		require.NotZero(t, opens, tree)
+		for fail := range opens {
+			n := 0
+			openFault = func(path string) error {
+				n++
+				if n == fail+1 {
+					return &fs.PathError{Op: "open", Path: path, Err: syscall.EMFILE}
+				}
+				return nil
+			}
+			_, err := sysfsDevices(root)
+			require.ErrorIs(t, err, syscall.EMFILE, "%s, open %d of %d failing", tree, fail+1, opens)
 		}
 	}
 }
