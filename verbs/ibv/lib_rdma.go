@@ -249,10 +249,6 @@ func (p *provider) Open(device string) (verbs.Context, error) {
 		}
 		return ctx, nil
 	}
-	if files := filesShort(); files != nil {
-		return nil, fmt.Errorf("ibv: %w: open device %q: not listed, with fewer than %d descriptors free: %w",
-			verbs.ErrNoResources, device, listingFiles, files)
-	}
 	return nil, fmt.Errorf("ibv: open device %q: %w", device, verbs.ErrNoDevice)
 }
 
@@ -273,12 +269,10 @@ func getDeviceList() (**C.struct_ibv_device, int, error) {
 		}
 		return nil, 0, fmt.Errorf("ibv: %w: ibv_get_device_list: %w%s", verbs.ErrNoDevice, err, reason)
 	}
-	if n == 0 {
-		if files := filesShort(); files != nil {
-			C.rsock_free_device_list(list)
-			return nil, 0, fmt.Errorf("ibv: %w: ibv_get_device_list listed no device, with fewer than %d descriptors free: %w",
-				verbs.ErrNoResources, listingFiles, files)
-		}
+	if files := filesShort(); files != nil {
+		C.rsock_free_device_list(list)
+		return nil, 0, fmt.Errorf("ibv: %w: ibv_get_device_list listed %d devices with fewer than %d descriptors free, and may have left some out: %w",
+			verbs.ErrNoResources, n, listingFiles, files)
 	}
 	return list, int(n), nil
 }
@@ -292,12 +286,14 @@ const listingFiles = 4
 // opened now, else nil. A process short of descriptors gets a misleading answer from
 // libibverbs: with none free, ibv_get_device_list fails with ENOSYS, as if the kernel
 // had no RDMA support (Debian 12's rdma-core, in the CI's VM); with too few for its
-// scan, it leaves out the devices whose files it could not read, and the list is
-// short or empty. A listing that failed, or found no device or not the one asked
-// for, asks, so that its error says what happened and matches verbs.ErrNoResources
-// rather than verbs.ErrNoDevice. The descriptors a short listing lacked may have been
-// freed by the time it asks: a listing short by a descriptor that another thread
-// held at that moment still reads as no device.
+// scan, it leaves out the devices whose files it could not read, with no error, and
+// the list is short or empty. So every listing asks afterwards, and one made short of
+// descriptors fails, saying so and matching verbs.ErrNoResources rather than
+// verbs.ErrNoDevice: whatever it found, a connection could not have opened the device
+// with the descriptors left (a context, a completion channel and their netpoller
+// duplicates take four). The descriptors a short listing lacked may have been freed
+// by the time it asks: a listing short by one that another thread held at that
+// moment still reads as a host without the device.
 func filesShort() error {
 	var fds [listingFiles]int
 	opened := 0
