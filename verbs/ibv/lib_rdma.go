@@ -271,8 +271,8 @@ func getDeviceList() (**C.struct_ibv_device, int, error) {
 	}
 	if files := filesShort(); files != nil {
 		C.rsock_free_device_list(list)
-		return nil, 0, fmt.Errorf("ibv: %w: ibv_get_device_list listed %d devices with fewer than %d descriptors free, and may have left some out: %w",
-			verbs.ErrNoResources, n, listingFiles, files)
+		return nil, 0, fmt.Errorf("ibv: %w: ibv_get_device_list ran with fewer than %d descriptors free and may have left devices out (it listed %d): %w",
+			verbs.ErrNoResources, listingFiles, n, files)
 	}
 	return list, int(n), nil
 }
