@@ -180,17 +180,25 @@ func readGIDTable(root string, p portInfo) ([]verbs.GIDEntry, error) {
 		table []verbs.GIDEntry
 		buf   [64]byte // a GID is 39 characters; attribute values are shorter than 64
 		zero  = []byte("0000:0000:0000:0000:0000:0000:0000:0000")
+		files error // the first read that failed for want of descriptors
 	)
+	read := func(path string) ([]byte, bool) {
+		b, err := readAttrInto(path, buf[:])
+		if files == nil && isOutOfFiles(err) {
+			files = err
+		}
+		return b, err == nil
+	}
 	for _, e := range ents {
+		if files != nil {
+			break
+		}
 		idx, err := strconv.Atoi(e.Name())
 		if err != nil || idx < 0 {
 			continue
 		}
-		b, err := readAttrInto(filepath.Join(gidsDir, e.Name()), buf[:])
-		if isOutOfFiles(err) {
-			return nil, fmt.Errorf("GID table of %s port %d: %w", p.device, p.num, err)
-		}
-		if err != nil || bytes.Equal(b, zero) {
+		b, ok := read(filepath.Join(gidsDir, e.Name()))
+		if !ok || bytes.Equal(b, zero) {
 			continue // unpopulated: zero, or (some kernels) a failed read
 		}
 		s := string(b)
@@ -206,11 +214,7 @@ func readGIDTable(root string, p portInfo) ([]verbs.GIDEntry, error) {
 		if p.linkLayer == verbs.LinkLayerEthernet {
 			ent.Type = verbs.GIDTypeRoCEv1
 		}
-		t, err := readAttrInto(filepath.Join(p.dir, "gid_attrs", "types", e.Name()), buf[:])
-		if isOutOfFiles(err) {
-			return nil, fmt.Errorf("GID table of %s port %d: %w", p.device, p.num, err)
-		}
-		if err == nil {
+		if t, ok := read(filepath.Join(p.dir, "gid_attrs", "types", e.Name())); ok {
 			switch {
 			case bytes.EqualFold(t, []byte("RoCE v2")):
 				ent.Type = verbs.GIDTypeRoCEv2
@@ -220,14 +224,13 @@ func readGIDTable(root string, p portInfo) ([]verbs.GIDEntry, error) {
 				continue // a type this package does not know cannot be selected
 			}
 		}
-		nd, err := readAttrInto(filepath.Join(p.dir, "gid_attrs", "ndevs", e.Name()), buf[:])
-		if isOutOfFiles(err) {
-			return nil, fmt.Errorf("GID table of %s port %d: %w", p.device, p.num, err)
-		}
-		if err == nil {
+		if nd, ok := read(filepath.Join(p.dir, "gid_attrs", "ndevs", e.Name())); ok {
 			ent.Netdev = string(nd)
 		}
 		table = append(table, ent)
+	}
+	if files != nil {
+		return nil, fmt.Errorf("GID table of %s port %d: %w", p.device, p.num, files)
 	}
 	slices.SortFunc(table, func(a, b verbs.GIDEntry) int { return cmp.Compare(a.Index, b.Index) })
 	return table, nil

@@ -2,7 +2,6 @@ package ibv
 
 import (
 	"bytes"
-	"io/fs"
 
 	"golang.org/x/sys/unix"
 )
@@ -25,7 +24,7 @@ func readAttrInto(path string, buf []byte) ([]byte, error) {
 		fd, err = unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	}
 	if err != nil {
-		return nil, &fs.PathError{Op: "open", Path: path, Err: err}
+		return nil, err // the bare errno: no allocation for an unreadable entry
 	}
 	defer unix.Close(fd)
 	n, err := unix.Read(fd, buf)
@@ -33,7 +32,7 @@ func readAttrInto(path string, buf []byte) ([]byte, error) {
 		n, err = unix.Read(fd, buf)
 	}
 	if err != nil {
-		return nil, &fs.PathError{Op: "read", Path: path, Err: err}
+		return nil, err
 	}
 	return bytes.TrimSpace(buf[:n]), nil
 }
