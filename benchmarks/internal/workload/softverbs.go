@@ -127,11 +127,8 @@ func NewSoftPair(fab *soft.Fabric, srcSize, ringSize int) (x, y *SoftEndpoint, c
 // polls the one signaled send completion, and the receiver reaps 16 receive
 // completions and reposts their WQEs in one PostRecv.
 //
-// With copies (SoftVerbs3Copy), it also makes the two copies a socket adds to the
-// provider's: each write first copies an application buffer into the registered source
-// region (a socket's staging), and the receiver copies each message out of the ring
-// into its own buffer as it reaps it. The ring is the same, so the difference to the
-// plain run is those copies alone.
+// With copies (SoftVerbs3Copy), it is the stream a socket must make instead
+// (softStreamCopying): two parties, and a socket's copies.
 func softStream(ctl Control, env *Env, size int, copies bool) (_ Metrics, err error) {
 	ringSize := max(8*size, 1<<20)
 	x, y, closePair, err := NewSoftPair(env.fabric, size, ringSize)
@@ -139,11 +136,9 @@ func softStream(ctl Control, env *Env, size int, copies bool) (_ Metrics, err er
 		return Metrics{}, err
 	}
 	defer func() { err = errors.Join(err, closePair()) }()
-	var app, readBuf, ring []byte
 	if copies {
-		app, readBuf, ring = make([]byte, size), make([]byte, size), y.Ring.Bytes()
+		return softStreamCopying(ctl, x, y, size)
 	}
-	var received uint64 // messages copied out of the ring
 	wr := []verbs.SendWR{{
 		Opcode: verbs.OpRDMAWriteWithImm, Imm: uint32(size),
 		SGL:  []verbs.SGE{{Addr: x.Src.Addr(), Length: uint32(size), LKey: x.Src.LKey()}},
@@ -153,9 +148,6 @@ func softStream(ctl Control, env *Env, size int, copies bool) (_ Metrics, err er
 	wc := make([]verbs.WorkCompletion, SoftSignalEvery)
 	var i uint64
 	for ctl.Next() {
-		if copies {
-			copy(x.Src.Bytes(), app)
-		}
 		wr[0].ID = i
 		wr[0].RemoteAddr = y.Ring.Addr() + i*uint64(size)%uint64(ringSize)
 		wr[0].Flags = 0
@@ -181,11 +173,6 @@ func softStream(ctl Control, env *Env, size int, copies bool) (_ Metrics, err er
 				if c.Status != verbs.WCSuccess {
 					return Metrics{}, fmt.Errorf("receive completion %+v", c)
 				}
-				if copies {
-					off := received * uint64(size) % uint64(ringSize)
-					copy(readBuf, ring[off:min(off+uint64(c.ByteLen), uint64(ringSize))])
-					received++
-				}
 			}
 			got += n
 		}
@@ -197,6 +184,103 @@ func softStream(ctl Control, env *Env, size int, copies bool) (_ Metrics, err er
 		}
 	}
 	return Metrics{BytesPerOp: int64(size)}, nil
+}
+
+// softStreamCopying is SoftVerbs3Copy's stream: the least a socket's stream can cost on
+// soft. x writes from the caller's goroutine: it copies an application buffer into its
+// registered source region (a socket's staging) and posts it into the next of y's ring
+// slots. y reads on its own goroutine (softDrain): it copies each message out of the
+// ring into its application buffer, reposts the WQEs, and gives the slots back. Credit
+// goes back for free, through a counter the writer reads, where a socket sends it as a
+// message, and the writer waits for it spinning, yielding the processor between looks.
+// Next to SoftVerbs, the ratio is what the copies and a socket's two parties (two
+// cores, when there are two: the reader's copy reads what another core wrote) cost;
+// next to it, RsockRDMA's ratio is the socket layer's own.
+func softStreamCopying(ctl Control, x, y *SoftEndpoint, size int) (_ Metrics, err error) {
+	slots := uint64(min(len(y.Ring.Bytes())/size, SoftDepth)) // a slot per receive WQE at most
+	var consumed atomic.Uint64                                // messages y copied out: x's credit
+	var stop atomic.Bool
+	drained := make(chan error, 1)
+	readBuf := make([]byte, size)
+	go func() { drained <- softDrain(y, readBuf, slots, &consumed, &stop) }()
+	defer func() {
+		stop.Store(true)
+		if drainErr := <-drained; drainErr != nil {
+			err = errors.Join(err, fmt.Errorf("reader: %w", drainErr))
+		}
+	}()
+	app := make([]byte, size)
+	wr := []verbs.SendWR{{
+		Opcode: verbs.OpRDMAWriteWithImm, Imm: uint32(size),
+		SGL:  []verbs.SGE{{Addr: x.Src.Addr(), Length: uint32(size), LKey: x.Src.LKey()}},
+		RKey: y.Ring.RKey(),
+	}}
+	wc := make([]verbs.WorkCompletion, 1)
+	for i := uint64(0); ctl.Next(); i++ {
+		for i-consumed.Load() >= slots {
+			if stop.Load() {
+				return Metrics{}, errSoftStopped // with the reader's failure
+			}
+			runtime.Gosched()
+		}
+		copy(x.Src.Bytes(), app)
+		wr[0].ID = i
+		wr[0].RemoteAddr = y.Ring.Addr() + i%slots*uint64(size)
+		wr[0].Flags = 0
+		if i%SoftSignalEvery == SoftSignalEvery-1 {
+			wr[0].Flags = verbs.SendSignaled
+		}
+		if err := x.QP.PostSend(wr); err != nil {
+			return Metrics{}, fmt.Errorf("post %d: %w", i, err)
+		}
+		if i%SoftSignalEvery == SoftSignalEvery-1 {
+			if err := ReapSignaled(x.SCQ, wc); err != nil {
+				return Metrics{}, err
+			}
+		}
+	}
+	return Metrics{BytesPerOp: int64(size)}, nil
+}
+
+// softDrain is softStreamCopying's reader: it reaps e's receive completions, copies each
+// message out of its ring slot (of slots, len(app) bytes each) into app, reposts the
+// WQEs and then counts the messages in consumed, yielding the processor after every empty poll, until
+// stop is set. When it fails, it sets stop itself, so that the writer does not wait for
+// credit forever.
+func softDrain(e *SoftEndpoint, app []byte, slots uint64, consumed *atomic.Uint64, stop *atomic.Bool) (err error) {
+	defer func() {
+		if err != nil {
+			stop.Store(true)
+		}
+	}()
+	size := uint64(len(app))
+	ring := e.Ring.Bytes()
+	var wc [SoftSignalEvery]verbs.WorkCompletion
+	var reposts [SoftSignalEvery]verbs.RecvWR
+	for read := uint64(0); !stop.Load(); {
+		n, err := e.RCQ.Poll(wc[:])
+		if err != nil {
+			return fmt.Errorf("poll receives: %w", err)
+		}
+		if n == 0 {
+			runtime.Gosched()
+			continue
+		}
+		for k, c := range wc[:n] {
+			if c.Status != verbs.WCSuccess {
+				return fmt.Errorf("receive completion %+v", c)
+			}
+			off := read % slots * size
+			copy(app, ring[off:off+min(uint64(c.ByteLen), size)])
+			read++
+			reposts[k].ID = c.WRID
+		}
+		if err := e.QP.PostRecv(reposts[:n]); err != nil {
+			return fmt.Errorf("repost: %w", err)
+		}
+		consumed.Store(read) // the slots and their WQEs are the writer's again
+	}
+	return nil
 }
 
 // softPingPong sends a size-byte write-with-immediate from one QP to the other and the

@@ -73,3 +73,39 @@ func TestSoftPingPongEchoFails(t *testing.T) {
 		})
 	}
 }
+
+// TestSoftStreamCopyingFails checks that SoftVerbs3Copy's stream ends with an error,
+// rather than waiting for credit forever, when it cannot go on: when the first write
+// fails (the reader's ring is gone: a remote access error, which puts both QPs in
+// error), and when the reader fails while the writer waits for credit (the reader's QP
+// moved to ERROR, which flushes its receives, before the writer's first signaled send).
+func TestSoftStreamCopyingFails(t *testing.T) {
+	tr, ok := Lookup(SoftVerbs3Copy)
+	require.True(t, ok)
+	env, err := Start(tr, Options{})
+	require.NoError(t, err)
+	defer env.Close()
+	for _, c := range []struct {
+		name   string
+		size   int // the ring holds 64 KiB of them
+		broken func(x, y *SoftEndpoint) error
+		want   []string
+	}{
+		{"reader's ring", 4 << 10, func(x, y *SoftEndpoint) error { return y.Ring.Close() },
+			[]string{"remote access error"}},
+		{"reader's QP", 16 << 10, func(x, y *SoftEndpoint) error { return y.QP.ToError() },
+			[]string{"reader: ", errSoftStopped.Error()}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			x, y, closePair, err := NewSoftPair(env.fabric, c.size, 64<<10)
+			require.NoError(t, err)
+			defer closePair() // may close a broken region a second time: not this test's error
+			require.NoError(t, c.broken(x, y))
+
+			_, err = softStreamCopying(&Timed{Duration: time.Hour, MaxOps: 1000}, x, y, c.size)
+			for _, w := range c.want {
+				require.ErrorContains(t, err, w)
+			}
+		})
+	}
+}

@@ -25,7 +25,8 @@ import (
 // Transport names, as benchmark names and rsockperf's tables spell them.
 const (
 	SoftVerbs = "SoftVerbs"
-	// SoftVerbs3Copy is SoftVerbs making the copies a socket must (softverbs.go).
+	// SoftVerbs3Copy is SoftVerbs with the two parties and the copies of a socket
+	// (softverbs.go).
 	SoftVerbs3Copy = "SoftVerbs3Copy"
 	RsockRDMA      = "RsockRDMA"
 	RawTCP         = "RawTCP"
@@ -61,7 +62,7 @@ var transports = []Transport{
 	{Name: SoftVerbs, Kind: "rdma", Raw: true, LocalOnly: true,
 		Desc: "raw verbs/soft RDMA_WRITE_WITH_IMM into a ring, one goroutine driving both QPs: the ceiling of RDMA over soft"},
 	{Name: SoftVerbs3Copy, Kind: "rdma", Raw: true, LocalOnly: true, Baseline: SoftVerbs,
-		Desc: "SoftVerbs making a socket's three copies (application buffer into registered staging, staging into the ring by the provider, ring into the reader's buffer), and in ping-pong its two parties (the echo on a goroutine of its own): the ceiling of a copying socket over soft"},
+		Desc: "SoftVerbs with a socket's two parties (the reader, or the echo, on a goroutine of its own) and its three copies (application buffer into registered staging, staging into the ring by the provider, ring into the reader's buffer): the ceiling of a copying socket over soft"},
 	{Name: RsockRDMA, Kind: "rdma", Baseline: SoftVerbs3Copy,
 		Desc: "rsock.Conn upgraded to RDMA (verbs/soft in one process)"},
 	{Name: RsockRDMATLS, Kind: "rdma", Baseline: RsockRDMA,
