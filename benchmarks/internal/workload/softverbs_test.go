@@ -38,14 +38,21 @@ func TestSoftVerbsWorkloads(t *testing.T) {
 	}
 }
 
-// TestSoftPingPongEchoFails checks that SoftVerbs3Copy's ping-pong ends with the echo's
-// error, rather than waiting for an answer forever, when the echo cannot answer.
-func TestSoftPingPongEchoFails(t *testing.T) {
+// startCopying starts SoftVerbs3Copy's environment, closed when t ends.
+func startCopying(t *testing.T) *Env {
+	t.Helper()
 	tr, ok := Lookup(SoftVerbs3Copy)
 	require.True(t, ok)
 	env, err := Start(tr, Options{})
 	require.NoError(t, err)
-	defer env.Close()
+	t.Cleanup(func() { env.Close() })
+	return env
+}
+
+// TestSoftPingPongEchoFails checks that SoftVerbs3Copy's ping-pong ends with the echo's
+// error, rather than waiting for an answer forever, when the echo cannot answer.
+func TestSoftPingPongEchoFails(t *testing.T) {
+	env := startCopying(t)
 	for _, c := range []struct {
 		name   string
 		broken func(x, y *SoftEndpoint) verbs.MR
@@ -80,11 +87,7 @@ func TestSoftPingPongEchoFails(t *testing.T) {
 // error), and when the reader fails while the writer waits for credit (the reader's QP
 // moved to ERROR, which flushes its receives, before the writer's first signaled send).
 func TestSoftStreamCopyingFails(t *testing.T) {
-	tr, ok := Lookup(SoftVerbs3Copy)
-	require.True(t, ok)
-	env, err := Start(tr, Options{})
-	require.NoError(t, err)
-	defer env.Close()
+	env := startCopying(t)
 	for _, c := range []struct {
 		name   string
 		size   int // the ring holds 64 KiB of them
