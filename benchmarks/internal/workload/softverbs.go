@@ -198,7 +198,7 @@ func softStream(ctl Control, env *Env, size int, copies bool) (_ Metrics, err er
 // next to it, RsockRDMA's ratio is the socket layer's own.
 func softStreamCopying(ctl Control, x, y *SoftEndpoint, size int) (_ Metrics, err error) {
 	slots := uint64(min(len(y.Ring.Bytes())/size, SoftDepth)) // a slot per receive WQE at most
-	var consumed atomic.Uint64                                // messages y copied out: x's credit
+	var consumed atomic.Uint64                                // messages y read and reposted for: x's credit
 	var stop atomic.Bool
 	drained := make(chan error, 1)
 	readBuf := make([]byte, size)
@@ -244,9 +244,9 @@ func softStreamCopying(ctl Control, x, y *SoftEndpoint, size int) (_ Metrics, er
 
 // softDrain is softStreamCopying's reader: it reaps e's receive completions, copies each
 // message out of its ring slot (of slots, len(app) bytes each) into app, reposts the
-// WQEs and then counts the messages in consumed, yielding the processor after every empty poll, until
-// stop is set. When it fails, it sets stop itself, so that the writer does not wait for
-// credit forever.
+// WQEs and only then counts the messages in consumed, yielding the processor after
+// every empty poll, until stop is set. When it fails, it sets stop itself, so that the
+// writer does not wait for credit forever.
 func softDrain(e *SoftEndpoint, app []byte, slots uint64, consumed *atomic.Uint64, stop *atomic.Bool) (err error) {
 	defer func() {
 		if err != nil {
